@@ -1,0 +1,130 @@
+"""The embedded drafter: the Rust core in this process, no server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lookahead_client._native import NativeDrafter
+from lookahead_client.types import DraftTree, StepRequest
+
+__all__ = ["EmbeddedDrafter"]
+
+
+def _tree(raw: tuple[int, list[int], list[int], list[float]]) -> DraftTree:
+    root, tokens, parents, scores = raw
+    return DraftTree(root, tuple(tokens), tuple(parents), tuple(scores))
+
+
+class EmbeddedDrafter:
+    """A lookahead drafter running in-process over the Rust core.
+
+    It keeps an index of every active request (prompt and outputs) and an n-gram trie shared
+    by all requests, and proposes draft trees that combine both. Thread-safe: the core releases
+    the GIL, so several threads may step it at once.
+
+    Args:
+        memory_budget_bytes: bytes the drafter may use in all (shared trie + active requests).
+        max_ngram: depth of the shared n-gram trie.
+        max_budget: the largest draft budget a call may ask for.
+        min_score: nodes whose estimated acceptance probability is lower are not proposed.
+        chain: propose single-branch drafts (a chain) instead of trees.
+        vocab_size: token ids must be below this.
+        max_request_tokens: the most tokens (prompt + output) one request may hold.
+
+    Raises:
+        InvalidArgumentError: a setting is out of range (``field`` names it).
+    """
+
+    def __init__(
+        self,
+        *,
+        memory_budget_bytes: int = 1 << 30,
+        max_ngram: int = 16,
+        max_budget: int = 64,
+        min_score: float = 0.02,
+        chain: bool = False,
+        vocab_size: int = 1 << 24,
+        max_request_tokens: int = 1 << 20,
+    ) -> None:
+        self._config = {
+            "memory_budget_bytes": memory_budget_bytes,
+            "max_ngram": max_ngram,
+            "max_budget": max_budget,
+            "min_score": min_score,
+            "chain": chain,
+            "vocab_size": vocab_size,
+            "max_request_tokens": max_request_tokens,
+        }
+        self._native = NativeDrafter(**self._config)
+
+    @property
+    def config(self) -> dict[str, int | float | bool]:
+        """The settings this drafter was built with."""
+        return dict(self._config)
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        """Begins a request with its prompt.
+
+        Raises:
+            RequestAlreadyActiveError: the id is active.
+            InvalidArgumentError: a token id is out of range (``field="prompt"``).
+        """
+        self._native.start(request_id, list(prompt))
+
+    def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Appends tokens (accepted drafts and the model's own token) to an active request."""
+        self._native.append(request_id, list(tokens))
+
+    def draft(self, request_id: str, budget: int = 8) -> DraftTree:
+        """Drafts a tree of at most ``budget`` nodes for an active request."""
+        return _tree(self._native.draft(request_id, budget))
+
+    def end(self, request_id: str) -> None:
+        """Ends a request; its text stays in the shared statistics."""
+        self._native.end(request_id)
+
+    def ingest(self, tokens: Sequence[int]) -> None:
+        """Loads a finished text (a past output, a document) into the shared statistics."""
+        self._native.ingest(list(tokens))
+
+    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+        """One engine step: feeds every request its new tokens and drafts one tree each.
+
+        Requests are independent: when one is refused the others are still applied, and the
+        first refusal is raised after the whole step.
+        """
+        items = [
+            (
+                r.request_id,
+                None if r.prompt is None else list(r.prompt),
+                list(r.new_tokens),
+                r.accepted_last,
+                r.finished,
+                r.budget,
+            )
+            for r in requests
+        ]
+        results = self._native.step(items)
+        trees: list[DraftTree] = []
+        first_error: BaseException | None = None
+        for result in results:
+            if isinstance(result, BaseException):
+                first_error = first_error or result
+                trees.append(DraftTree.empty())
+            else:
+                trees.append(_tree(result))
+        if first_error is not None:
+            raise first_error
+        return trees
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters: active requests, trie nodes, memory, drafts, reported acceptance..."""
+        return self._native.stats()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"EmbeddedDrafter(active_requests={s['active_requests']}, "
+            f"trie_nodes={s['trie_nodes']}, memory={s['memory_bytes']}/"
+            f"{s['memory_budget_bytes']} bytes)"
+        )

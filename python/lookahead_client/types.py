@@ -1,0 +1,125 @@
+"""Value types shared by every drafter: what an engine sends per request and what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = ["DraftTree", "StepRequest", "Drafter"]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    """A tree of draft tokens hanging under the last known token of a request.
+
+    The root (``root``, the last token of the request's context) is not a node. Nodes are in
+    breadth-first order, so every parent precedes its children.
+
+    Attributes:
+        root: the last known token of the request (the token the engine feeds next), or -1
+            when the drafter does not know the request's context.
+        tokens: the draft token of each node.
+        parents: the parent of each node as an index into ``tokens``; -1 means the root.
+        scores: the drafter's estimate of the probability that the path from the root to the
+            node is accepted (non-increasing along every path).
+    """
+
+    root: int
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    scores: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (len(self.tokens) == len(self.parents) == len(self.scores)):
+            raise ValueError(
+                "DraftTree: tokens, parents and scores must have the same length, got "
+                f"{len(self.tokens)}, {len(self.parents)}, {len(self.scores)}"
+            )
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"DraftTree: parents[{i}]={p} must be -1 or a node before {i}")
+
+    @classmethod
+    def empty(cls, root: int = -1) -> DraftTree:
+        """A tree with no draft nodes: the engine decodes normally."""
+        return cls(root)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """The number of nodes on the longest root-to-node path (0 for an empty tree)."""
+        depths = self.depths()
+        return max(depths, default=0)
+
+    def depths(self) -> list[int]:
+        """The depth of each node (children of the root have depth 1)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def paths(self) -> list[list[int]]:
+        """The token path from the root to each node (the root token excluded)."""
+        out: list[list[int]] = []
+        for tok, p in zip(self.tokens, self.parents, strict=True):
+            out.append(([] if p < 0 else out[p]) + [tok])
+        return out
+
+    def __repr__(self) -> str:
+        if not self.tokens:
+            return f"DraftTree(root={self.root}, empty)"
+        lines = [f"DraftTree(root={self.root}, nodes={len(self)}, depth={self.depth})"]
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            children.setdefault(p, []).append(i)
+
+        def walk(parent: int, indent: str) -> None:
+            for i in children.get(parent, []):
+                lines.append(f"{indent}{self.tokens[i]} ({self.scores[i]:.2f})")
+                walk(i, indent + "  ")
+
+        walk(-1, "  ")
+        return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class StepRequest:
+    """One request's part of an engine step.
+
+    Attributes:
+        request_id: the engine's id of the request (unique while it is active).
+        new_tokens: tokens appended to the request since the last step (accepted draft tokens
+            plus the token the target model emitted).
+        budget: the most draft nodes wanted (the root excluded); 0 asks for no draft.
+        prompt: the prompt, given the first time the request is seen (starts it).
+        accepted_last: how many draft tokens of the previous step's tree were accepted
+            (feedback for metrics and adaptive drafting; -1 when unknown).
+        finished: the request is over after ``new_tokens``; no draft is returned.
+    """
+
+    request_id: str
+    new_tokens: Sequence[int] = ()
+    budget: int = 8
+    prompt: Sequence[int] | None = None
+    accepted_last: int = -1
+    finished: bool = False
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What every drafter offers: the embedded one, the remote one, the baselines."""
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        """Begins a request with its prompt."""
+
+    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+        """One engine step: feeds each request its new tokens and returns one tree each."""
+
+    def end(self, request_id: str) -> None:
+        """Ends a request; its text stays available to later requests."""
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters describing the drafter (memory, nodes, requests...)."""

@@ -1,0 +1,232 @@
+//! Online calibration: turns the evidence behind a candidate draft token into the probability
+//! that it is accepted, learnt from what engines report back.
+//!
+//! Evidence is bucketed into a local key (the request's own history: match length, share of
+//! the continuation, whether the most recent occurrence continued with it) and a global key
+//! (the shared trie: n-gram order, share, count). Each key has a counter of trials and hits;
+//! so has each pair. An estimate is a count ratio smoothed toward the level above it: the pair
+//! toward the noisy-OR of the two single keys, each single key toward a fixed heuristic. With
+//! no feedback at all the heuristic alone decides.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// What the request's own history says about a candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LocalEvidence {
+    /// Tokens of the longest match of the context in the request's history (> 0).
+    pub match_len: u32,
+    /// Earlier occurrences of the match followed by the candidate (0: never followed).
+    pub occ: u32,
+    /// Earlier occurrences of the match.
+    pub total: u32,
+    /// The most recent earlier occurrence continued with the candidate.
+    pub most_recent: bool,
+    /// The copy anchor continues with the candidate.
+    pub anchored: bool,
+}
+
+/// What the shared trie says about a candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GlobalEvidence {
+    /// Order of the matched n-gram (tokens of context matched, > 0).
+    pub depth: u32,
+    /// Occurrences of the matched n-gram followed by the candidate (0: not among the top).
+    pub count: u32,
+    /// Occurrences of the matched n-gram.
+    pub total: u32,
+}
+
+/// Both kinds of evidence; either may be missing.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub(crate) struct Evidence {
+    pub local: Option<LocalEvidence>,
+    pub global: Option<GlobalEvidence>,
+}
+
+const LEN_BUCKETS: usize = 8;
+const LOCAL_KEYS: usize = 2 * (1 + LEN_BUCKETS * 9);
+const DEPTH_BUCKETS: usize = 7;
+const GLOBAL_KEYS: usize = 1 + DEPTH_BUCKETS * 6 * 4;
+/// Pseudo-trials given to the level above when smoothing.
+const PRIOR_WEIGHT_SINGLE: f32 = 4.0;
+const PRIOR_WEIGHT_PAIR: f32 = 8.0;
+
+fn len_bucket(len: u32) -> usize {
+    match len {
+        0..=1 => 0,
+        2 => 1,
+        3 => 2,
+        4..=5 => 3,
+        6..=8 => 4,
+        9..=15 => 5,
+        16..=31 => 6,
+        _ => 7,
+    }
+}
+
+fn share_bucket(part: u32, total: u32, edges: &[f32]) -> usize {
+    let share = part as f32 / total.max(1) as f32;
+    edges.iter().take_while(|&&e| share >= e).count()
+}
+
+/// The bucket keys of some evidence: (local, global).
+pub(crate) fn keys(e: &Evidence) -> (u16, u16) {
+    let local = e.local.map_or(0, |l| {
+        let evidence = if l.occ == 0 {
+            0
+        } else {
+            1 + share_bucket(l.occ, l.total, &[0.25, 0.5, 0.75]) * 2 + usize::from(l.most_recent)
+        };
+        let key = 1 + len_bucket(l.match_len) * 9 + evidence;
+        if l.anchored { key + LOCAL_KEYS / 2 } else { key }
+    });
+    let global = e.global.map_or(0, |g| {
+        let depth = match g.depth {
+            0..=1 => 0,
+            2 => 1,
+            3 => 2,
+            4 => 3,
+            5..=6 => 4,
+            7..=9 => 5,
+            _ => 6,
+        };
+        let ratio = if g.count == 0 {
+            0
+        } else {
+            1 + share_bucket(g.count, g.total, &[0.1, 0.25, 0.5, 0.75])
+        };
+        let total = match g.total {
+            0..=1 => 0,
+            2..=3 => 1,
+            4..=15 => 2,
+            _ => 3,
+        };
+        1 + (depth * 6 + ratio) * 4 + total
+    });
+    (local as u16, global as u16)
+}
+
+/// A fixed first guess from local evidence alone: the share of earlier occurrences that went
+/// on with the candidate, trusted more for longer matches.
+fn local_heuristic(l: &LocalEvidence) -> f32 {
+    if l.occ == 0 {
+        return if l.anchored { 0.3 } else { 0.01 };
+    }
+    let share = (l.occ as f32 + if l.most_recent { 0.5 } else { 0.0 }) / (l.total as f32 + 0.5);
+    let trust = l.match_len as f32 / (l.match_len as f32 + 1.5);
+    (share.min(1.0) * trust).clamp(0.01, 0.95)
+}
+
+/// A fixed first guess from global evidence alone: the n-gram's continuation share, trusted
+/// more for higher orders and more occurrences.
+fn global_heuristic(g: &GlobalEvidence) -> f32 {
+    if g.count == 0 {
+        return 0.01;
+    }
+    let share = g.count as f32 / (g.total as f32 + 1.0);
+    let trust = g.depth as f32 / (g.depth as f32 + 1.0);
+    (share * trust).clamp(0.01, 0.95)
+}
+
+#[derive(Default)]
+struct Counter {
+    trials: AtomicU32,
+    hits: AtomicU32,
+}
+
+impl Counter {
+    fn smoothed(&self, prior: f32, weight: f32) -> f32 {
+        let trials = self.trials.load(Ordering::Relaxed) as f32;
+        let hits = self.hits.load(Ordering::Relaxed) as f32;
+        (hits + weight * prior) / (trials + weight)
+    }
+
+    fn record(&self, hit: bool) {
+        // Saturation would bias the ratio; halve both instead (an exponential forgetting).
+        if self.trials.fetch_add(1, Ordering::Relaxed) >= u32::MAX / 2 {
+            self.trials.store(self.trials.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+            self.hits.store(self.hits.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+        }
+        if hit {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The learnt tables. Lock-free: concurrent updates may interleave, which only blurs counts.
+pub(crate) struct Calibration {
+    local: Box<[Counter]>,
+    global: Box<[Counter]>,
+    pair: Box<[Counter]>,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        let table = |n: usize| (0..n).map(|_| Counter::default()).collect::<Box<[_]>>();
+        Self {
+            local: table(LOCAL_KEYS),
+            global: table(GLOBAL_KEYS),
+            pair: table(LOCAL_KEYS * GLOBAL_KEYS),
+        }
+    }
+}
+
+impl Calibration {
+    /// Heap bytes of the tables.
+    pub fn heap_bytes(&self) -> usize {
+        (self.local.len() + self.global.len() + self.pair.len()) * size_of::<Counter>()
+    }
+
+    /// Probability that a candidate with this evidence is accepted given its parent is.
+    pub fn estimate(&self, e: &Evidence) -> f32 {
+        let (lk, gk) = keys(e);
+        let p_local = e.local.map_or(0.0, |l| {
+            self.local[lk as usize].smoothed(local_heuristic(&l), PRIOR_WEIGHT_SINGLE)
+        });
+        let p_global = e.global.map_or(0.0, |g| {
+            self.global[gk as usize].smoothed(global_heuristic(&g), PRIOR_WEIGHT_SINGLE)
+        });
+        let prior = 1.0 - (1.0 - p_local) * (1.0 - p_global);
+        self.pair[lk as usize * GLOBAL_KEYS + gk as usize].smoothed(prior, PRIOR_WEIGHT_PAIR)
+    }
+
+    /// Records whether a candidate with these keys was accepted.
+    pub fn record(&self, keys: (u16, u16), hit: bool) {
+        let (lk, gk) = (keys.0 as usize, keys.1 as usize);
+        if lk != 0 {
+            self.local[lk].record(hit);
+        }
+        if gk != 0 {
+            self.global[gk].record(hit);
+        }
+        self.pair[lk * GLOBAL_KEYS + gk].record(hit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_from_feedback() {
+        let cal = Calibration::default();
+        let e = Evidence {
+            local: Some(LocalEvidence { match_len: 3, occ: 1, total: 1, most_recent: true, anchored: false }),
+            global: None,
+        };
+        let before = cal.estimate(&e);
+        for _ in 0..200 {
+            cal.record(keys(&e), false);
+        }
+        let after = cal.estimate(&e);
+        assert!(after < before / 5.0, "{before} -> {after}");
+    }
+
+    #[test]
+    fn keys_are_in_range() {
+        let l = LocalEvidence { match_len: 1000, occ: 5, total: 5, most_recent: true, anchored: true };
+        let g = GlobalEvidence { depth: 64, count: 9, total: 9 };
+        let (lk, gk) = keys(&Evidence { local: Some(l), global: Some(g) });
+        assert!((lk as usize) < LOCAL_KEYS && (gk as usize) < GLOBAL_KEYS);
+    }
+}

@@ -1,0 +1,330 @@
+//! Best-first growth of a draft tree from the request's own history and the shared trie.
+//!
+//! Every node's score is the estimated probability that the path to it is accepted: the
+//! parent's score times the calibrated probability of the node's token given its context. The
+//! tree keeps the `budget` highest-scoring nodes: since scores only shrink along a path, the
+//! best-first order always yields a connected tree, and it maximises the expected number of
+//! accepted tokens under those estimates.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::Token;
+use crate::calibration::{Calibration, Evidence, GlobalEvidence, LocalEvidence, keys};
+use crate::request::Considered;
+use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
+use crate::tree::DraftTree;
+use crate::trie::{Child, NgramTrie, ROOT};
+
+/// Continuations of a local match looked at, at most (the newest first).
+const MAX_LOCAL_CONTINUATIONS: usize = 32;
+/// Local matches (the longest, then shorter ones) whose continuations are considered.
+const MAX_LOCAL_LEVELS: usize = 3;
+/// Candidates kept per expanded node.
+const MAX_CANDIDATES: usize = 8;
+/// Context n-grams (longest first) whose continuations are considered.
+const MAX_CONTEXT_LEVELS: usize = 6;
+
+/// What the caller wants.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DraftParams {
+    pub budget: usize,
+    pub min_score: f32,
+    pub chain: bool,
+}
+
+/// Where to draft from: the request's index and its context in the shared trie.
+pub(crate) struct DraftSources<'a> {
+    pub sam: &'a SuffixAutomaton,
+    pub trie: &'a NgramTrie,
+    pub calibration: &'a Calibration,
+    /// Trie nodes of the context's suffixes, longest first, as `(node, length)`.
+    pub context_nodes: &'a [(u32, u32)],
+    /// The request's copy anchor (a text position aligned with the last token).
+    pub anchor: Option<u32>,
+}
+
+/// The built tree (breadth-first) and, in growth order, what feedback needs.
+pub(crate) struct Draft {
+    pub tree: DraftTree,
+    pub growth_tokens: Vec<Token>,
+    pub growth_parents: Vec<i32>,
+    pub considered: Vec<Considered>,
+}
+
+struct GrowthNode {
+    token: Token,
+    parent: i32,
+    score: f32,
+    local: LocalMatch,
+    anchor: Option<u32>,
+    /// Range of this node's context nodes in the shared arena.
+    context: std::ops::Range<usize>,
+}
+
+struct Candidate {
+    score: f32,
+    seq: u32,
+    parent: i32,
+    token: Token,
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Candidate {}
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Candidate {
+    /// Higher score first; among equals the earlier candidate, so that drafts are deterministic.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.score.total_cmp(&other.score).then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+struct Builder<'a> {
+    src: &'a DraftSources<'a>,
+    params: DraftParams,
+    root_match: LocalMatch,
+    nodes: Vec<GrowthNode>,
+    contexts: Vec<(u32, u32)>,
+    heap: BinaryHeap<Candidate>,
+    considered: Vec<Considered>,
+    seq: u32,
+    // scratch buffers
+    local_buf: Vec<Continuation>,
+    child_buf: Vec<Child>,
+    cand_buf: Vec<(Token, Evidence, f32)>,
+}
+
+/// Grows a draft tree for a context whose last token is `root` and whose longest match in the
+/// request's own history is `root_match`.
+pub(crate) fn build(
+    src: &DraftSources<'_>,
+    root: Token,
+    root_match: LocalMatch,
+    params: DraftParams,
+) -> Draft {
+    let mut b = Builder {
+        src,
+        params,
+        root_match,
+        nodes: Vec::with_capacity(params.budget),
+        contexts: src.context_nodes.to_vec(),
+        heap: BinaryHeap::new(),
+        considered: Vec::new(),
+        seq: 0,
+        local_buf: Vec::new(),
+        child_buf: Vec::new(),
+        cand_buf: Vec::new(),
+    };
+    if params.budget > 0 {
+        b.expand(-1, 1.0, root_match, src.anchor, 0..src.context_nodes.len());
+        b.grow();
+    }
+    b.finish(root)
+}
+
+impl Builder<'_> {
+    fn grow(&mut self) {
+        while self.nodes.len() < self.params.budget {
+            let Some(c) = self.heap.pop() else { break };
+            if c.score < self.params.min_score {
+                break;
+            }
+            if self.params.chain {
+                self.heap.clear();
+            }
+            let (parent_local, parent_anchor, parent_ctx) = match c.parent {
+                -1 => (None, self.src.anchor, 0..self.src.context_nodes.len()),
+                p => {
+                    let n = &self.nodes[p as usize];
+                    (Some(n.local), n.anchor, n.context.clone())
+                }
+            };
+            let anchor = parent_anchor.map(|a| a + 1).filter(|&a| self.anchor_token(a) == Some(c.token));
+            let local = match parent_local {
+                Some(m) => self.src.sam.advance(m, c.token),
+                None => self.src.sam.advance(self.root_match, c.token),
+            };
+            let context = self.extend_context(parent_ctx, c.token);
+            let id = self.nodes.len() as i32;
+            self.nodes.push(GrowthNode {
+                token: c.token,
+                parent: c.parent,
+                score: c.score,
+                local,
+                anchor,
+                context: context.clone(),
+            });
+            if self.nodes.len() < self.params.budget {
+                self.expand(id, c.score, local, anchor, context);
+            }
+        }
+    }
+
+    /// Context nodes of a child: each parent context node (shallower than the trie's depth)
+    /// followed by `token`, plus the unigram of `token`; longest first.
+    fn extend_context(&mut self, parent: std::ops::Range<usize>, token: Token) -> std::ops::Range<usize> {
+        let trie = self.src.trie;
+        let start = self.contexts.len();
+        for i in parent {
+            let (node, depth) = self.contexts[i];
+            if (depth as usize) < trie.max_depth()
+                && let Some(child) = trie.child(node, token)
+            {
+                self.contexts.push((child, depth + 1));
+            }
+        }
+        if let Some(unigram) = trie.child(ROOT, token)
+            && self.contexts[start..].last().is_none_or(|&(_, d)| d > 1)
+        {
+            self.contexts.push((unigram, 1));
+        }
+        start..self.contexts.len()
+    }
+
+    /// The token at text position `position`, when it is known text.
+    fn anchor_token(&self, position: u32) -> Option<Token> {
+        self.src.sam.text().get(position as usize).copied()
+    }
+
+    /// Scores the candidate children of a node and queues the best.
+    fn expand(
+        &mut self,
+        id: i32,
+        score: f32,
+        local: LocalMatch,
+        anchor: Option<u32>,
+        context: std::ops::Range<usize>,
+    ) {
+        let src = self.src;
+        self.cand_buf.clear();
+        // local evidence: the longest match, then shorter ones for tokens it never saw
+        let mut level = (local.len > 0).then_some(local);
+        for _ in 0..MAX_LOCAL_LEVELS {
+            let Some(m) = level else { break };
+            src.sam.continuations(m, MAX_LOCAL_CONTINUATIONS, &mut self.local_buf);
+            let total = src.sam.occurrences(m);
+            for c in &self.local_buf {
+                if self.cand_buf.iter().any(|(t, _, _)| *t == c.token) {
+                    continue;
+                }
+                let ev = LocalEvidence {
+                    match_len: m.len,
+                    occ: c.occ,
+                    total,
+                    most_recent: c.most_recent,
+                    anchored: false,
+                };
+                self.cand_buf.push((c.token, Evidence { local: Some(ev), global: None }, 0.0));
+            }
+            level = src.sam.shorter(m);
+        }
+        // global evidence: the two longest context n-grams that were ever continued
+        let mut primary: Option<(u32, u32)> = None;
+        let mut used = 0;
+        for &(node, depth) in &self.contexts[context] {
+            if used == MAX_CONTEXT_LEVELS {
+                break;
+            }
+            if (depth as usize) >= src.trie.max_depth() || !src.trie.has_children(node) {
+                continue;
+            }
+            used += 1;
+            primary.get_or_insert((node, depth));
+            let total = src.trie.count(node);
+            src.trie.top_children(node, &mut self.child_buf);
+            for ch in &self.child_buf {
+                let ev = GlobalEvidence { depth, count: ch.count, total };
+                match self.cand_buf.iter_mut().find(|(t, _, _)| *t == ch.token) {
+                    Some((_, e, _)) if e.global.is_none() => e.global = Some(ev),
+                    Some(_) => {}
+                    None => self.cand_buf.push((ch.token, Evidence { local: None, global: Some(ev) }, 0.0)),
+                }
+            }
+        }
+        // the copy anchor's continuation
+        let anchored = anchor.and_then(|a| self.anchor_token(a + 1));
+        if let Some(token) = anchored
+            && !self.cand_buf.iter().any(|(t, _, _)| *t == token)
+        {
+            self.cand_buf.push((token, Evidence::default(), 0.0));
+        }
+        // evidence of absence where a source matched but did not predict the token
+        let local_total = src.sam.occurrences(local);
+        for (token, e, q) in &mut self.cand_buf {
+            if e.local.is_none() && (local.len > 0 || anchored.is_some()) {
+                e.local = Some(LocalEvidence {
+                    match_len: local.len,
+                    occ: 0,
+                    total: local_total,
+                    most_recent: false,
+                    anchored: false,
+                });
+            }
+            if let Some(l) = &mut e.local {
+                l.anchored = anchored == Some(*token);
+            }
+            if e.global.is_none()
+                && let Some((node, depth)) = primary
+            {
+                e.global = Some(GlobalEvidence { depth, count: 0, total: src.trie.count(node) });
+            }
+            *q = src.calibration.estimate(e);
+        }
+        // the estimates of one node's children are exclusive events: keep their sum <= 1
+        let sum: f32 = self.cand_buf.iter().map(|c| c.2).sum();
+        if sum > 1.0 {
+            self.cand_buf.iter_mut().for_each(|c| c.2 /= sum);
+        }
+        self.cand_buf.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+        let keep = if self.params.chain { 1 } else { MAX_CANDIDATES };
+        for &(token, ev, q) in self.cand_buf.iter().take(keep) {
+            self.considered.push(Considered { parent: id, token, keys: keys(&ev) });
+            self.heap.push(Candidate { score: score * q, seq: self.seq, parent: id, token });
+            self.seq += 1;
+        }
+    }
+
+    /// Reorders the grown nodes breadth-first (by depth, then score) into a [`DraftTree`].
+    fn finish(self, root: Token) -> Draft {
+        let n = self.nodes.len();
+        let mut depth = vec![0u32; n];
+        for i in 0..n {
+            let p = self.nodes[i].parent;
+            depth[i] = if p < 0 { 1 } else { depth[p as usize] + 1 };
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| {
+            depth[a].cmp(&depth[b]).then(self.nodes[b].score.total_cmp(&self.nodes[a].score)).then(a.cmp(&b))
+        });
+        let mut new_index = vec![0i32; n];
+        for (new, &old) in order.iter().enumerate() {
+            new_index[old] = new as i32;
+        }
+        let tree = DraftTree {
+            root: Some(root),
+            tokens: order.iter().map(|&i| self.nodes[i].token).collect(),
+            parents: order
+                .iter()
+                .map(|&i| match self.nodes[i].parent {
+                    -1 => -1,
+                    p => new_index[p as usize],
+                })
+                .collect(),
+            scores: order.iter().map(|&i| self.nodes[i].score).collect(),
+        };
+        Draft {
+            tree,
+            growth_tokens: self.nodes.iter().map(|n| n.token).collect(),
+            growth_parents: self.nodes.iter().map(|n| n.parent).collect(),
+            considered: self.considered,
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! [`Drafter`]: the thread-safe front of the core.
+//!
+//! Locking: the shared trie sits behind a read-write lock (drafts read, inserts write); each
+//! request behind its own mutex; the request table behind a mutex held only to look up, add or
+//! remove entries. Lock order, where two are held: request table, then trie, then a request.
+//! Inserts of a whole step are applied after its drafts, in one write section.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::calibration::Calibration;
+use crate::config::{ConfigError, DrafterConfig};
+use crate::draft::{DraftParams, DraftSources, build};
+use crate::error::DraftError;
+use crate::request::{LastDraft, RequestState, TrieCursor};
+use crate::suffix_automaton::SuffixAutomaton;
+use crate::tree::DraftTree;
+use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
+use crate::Token;
+
+type SharedRequest = Arc<Mutex<RequestState>>;
+
+/// Tokens ingested per write section of the trie.
+const INGEST_CHUNK: usize = 4096;
+
+/// One request's part of an engine step.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepItem<'a> {
+    /// The engine's id of the request.
+    pub request_id: &'a str,
+    /// `Some` starts the request with this prompt (it must not be active).
+    pub prompt: Option<&'a [Token]>,
+    /// Tokens appended since the last step.
+    pub new_tokens: &'a [Token],
+    /// Feedback: draft tokens accepted at the last step.
+    pub accepted_last: Option<u32>,
+    /// The request ends after `new_tokens`; its tree is empty.
+    pub finished: bool,
+    /// Draft nodes wanted (root excluded); 0 gives an empty tree.
+    pub budget: usize,
+}
+
+/// Counters of a drafter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Requests started and not ended.
+    pub active_requests: usize,
+    /// Live nodes of the shared trie.
+    pub trie_nodes: usize,
+    /// Heap bytes held: trie, requests and calibration tables.
+    pub memory_bytes: usize,
+    /// The configured budget.
+    pub memory_budget_bytes: usize,
+    /// Trie heap bytes per live trie node.
+    pub trie_bytes_per_node: f64,
+    /// Trie nodes evicted so far.
+    pub evicted_nodes: u64,
+    /// Tokens inserted into the shared trie so far.
+    pub tokens_ingested: u64,
+    /// Draft trees returned.
+    pub drafts: u64,
+    /// Nodes in the draft trees returned.
+    pub draft_nodes: u64,
+    /// Sum of the accepted counts engines reported.
+    pub accepted_reported: u64,
+    /// Number of accepted counts engines reported.
+    pub steps_reported: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    tokens_ingested: AtomicU64,
+    drafts: AtomicU64,
+    draft_nodes: AtomicU64,
+    accepted_reported: AtomicU64,
+    steps_reported: AtomicU64,
+}
+
+/// A drafter: per-request indexes plus one shared trie, safe to share between threads.
+pub struct Drafter {
+    config: DrafterConfig,
+    trie: RwLock<NgramTrie>,
+    requests: Mutex<HashMap<String, SharedRequest>>,
+    /// Requests (possibly ended) whose tokens wait for the shared trie.
+    pending: Mutex<Vec<SharedRequest>>,
+    calibration: Calibration,
+    /// Heap bytes of all active requests.
+    request_bytes: AtomicUsize,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Drafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drafter").field("config", &self.config).field("stats", &self.stats()).finish()
+    }
+}
+
+impl Drafter {
+    /// A drafter with nothing learnt yet.
+    pub fn new(config: DrafterConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let calibration = Calibration::default();
+        let drafter = Self {
+            trie: RwLock::new(NgramTrie::new(config.max_ngram, 0)),
+            requests: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            request_bytes: AtomicUsize::new(0),
+            counters: Counters::default(),
+            calibration,
+            config,
+        };
+        drafter.trie.write().set_node_limit(drafter.trie_node_limit());
+        Ok(drafter)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.config
+    }
+
+    /// Trie nodes allowed now: what the budget leaves after requests and fixed tables.
+    fn trie_node_limit(&self) -> usize {
+        let fixed = self.calibration.heap_bytes() + (64 << 10);
+        let used = fixed + self.request_bytes.load(Ordering::Relaxed);
+        self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
+    }
+
+    /// Active requests may use up to half the budget; the trie always keeps the other half.
+    fn request_share(&self) -> usize {
+        self.config.memory_budget_bytes / 2
+    }
+
+    /// Starts a request with its prompt.
+    pub fn start(&self, request_id: &str, prompt: &[Token]) -> Result<(), DraftError> {
+        let item = StepItem { request_id, prompt: Some(prompt), ..Default::default() };
+        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+    }
+
+    /// Appends tokens to an active request.
+    pub fn append(&self, request_id: &str, tokens: &[Token]) -> Result<(), DraftError> {
+        let item = StepItem { request_id, new_tokens: tokens, ..Default::default() };
+        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+    }
+
+    /// Drafts a tree of at most `budget` nodes for an active request.
+    pub fn draft(&self, request_id: &str, budget: usize) -> Result<DraftTree, DraftError> {
+        let item = StepItem { request_id, budget, ..Default::default() };
+        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default()))
+    }
+
+    /// Ends a request; its text stays in the shared trie.
+    pub fn end(&self, request_id: &str) -> Result<(), DraftError> {
+        let item = StepItem { request_id, finished: true, ..Default::default() };
+        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+    }
+
+    /// One engine step: per item, start, append, draft (or end); then the shared-trie inserts.
+    /// Items are independent: one's error does not affect the others.
+    pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
+        self.run_step(items, false)
+    }
+
+    /// Like [`Self::step`] but leaves the shared-trie inserts queued for
+    /// [`Self::flush_inserts`], so a server can answer before inserting.
+    pub fn step_deferred(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
+        self.run_step(items, true)
+    }
+
+    /// Bulk-loads a finished text (a past output, a document) into the shared trie.
+    pub fn ingest(&self, tokens: &[Token]) -> Result<(), DraftError> {
+        self.check_tokens("tokens", tokens)?;
+        let mut cursor = TrieCursor::new(self.config.max_ngram);
+        // In chunks, so that drafts of other requests get the trie between them.
+        while cursor.inserted() < tokens.len() {
+            let end = (cursor.inserted() + INGEST_CHUNK).min(tokens.len());
+            let mut trie = self.trie.write();
+            trie.set_node_limit(self.trie_node_limit());
+            cursor.insert(&mut trie, tokens, end);
+        }
+        self.counters.tokens_ingested.fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Inserts every queued token into the shared trie.
+    pub fn flush_inserts(&self) {
+        let queued = std::mem::take(&mut *self.pending.lock());
+        if queued.is_empty() {
+            return;
+        }
+        let mut trie = self.trie.write();
+        trie.set_node_limit(self.trie_node_limit());
+        for request in queued {
+            let mut state = request.lock();
+            state.queued = false;
+            let pending = state.pending() as u64;
+            let RequestState { sam, cursor, .. } = &mut *state;
+            cursor.insert(&mut trie, sam.text(), sam.text().len());
+            self.counters.tokens_ingested.fetch_add(pending, Ordering::Relaxed);
+        }
+    }
+
+    /// Counters describing the drafter now.
+    pub fn stats(&self) -> Stats {
+        let trie = self.trie.read();
+        let trie_bytes = trie.heap_bytes();
+        let c = &self.counters;
+        Stats {
+            active_requests: self.requests.lock().len(),
+            trie_nodes: trie.live_nodes(),
+            memory_bytes: trie_bytes
+                + self.request_bytes.load(Ordering::Relaxed)
+                + self.calibration.heap_bytes(),
+            memory_budget_bytes: self.config.memory_budget_bytes,
+            trie_bytes_per_node: trie_bytes as f64 / trie.live_nodes().max(1) as f64,
+            evicted_nodes: trie.evicted(),
+            tokens_ingested: c.tokens_ingested.load(Ordering::Relaxed),
+            drafts: c.drafts.load(Ordering::Relaxed),
+            draft_nodes: c.draft_nodes.load(Ordering::Relaxed),
+            accepted_reported: c.accepted_reported.load(Ordering::Relaxed),
+            steps_reported: c.steps_reported.load(Ordering::Relaxed),
+        }
+    }
+
+    fn check_tokens(&self, field: &'static str, tokens: &[Token]) -> Result<(), DraftError> {
+        let vocab_size = self.config.vocab_size;
+        match tokens.iter().position(|&t| t >= vocab_size) {
+            Some(index) => Err(DraftError::TokenOutOfRange { field, index, token: tokens[index], vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    fn validate(&self, item: &StepItem<'_>) -> Result<(), DraftError> {
+        if item.budget > self.config.max_budget {
+            return Err(DraftError::BudgetTooLarge { budget: item.budget, max: self.config.max_budget });
+        }
+        if let Some(prompt) = item.prompt {
+            self.check_tokens("prompt", prompt)?;
+        }
+        self.check_tokens("new_tokens", item.new_tokens)
+    }
+
+    /// Finds (or, with a prompt, creates) the request and applies the item's tokens.
+    fn apply(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
+        let request = match item.prompt {
+            Some(prompt) => self.begin(item.request_id, prompt, item.new_tokens.len())?,
+            None => self.requests.lock().get(item.request_id).cloned().ok_or_else(|| {
+                DraftError::UnknownRequest { request_id: item.request_id.to_owned() }
+            })?,
+        };
+        if let Some(accepted) = item.accepted_last {
+            self.counters.accepted_reported.fetch_add(u64::from(accepted), Ordering::Relaxed);
+            self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
+        }
+        if !item.new_tokens.is_empty() {
+            let mut state = request.lock();
+            let held = state.sam.text().len() + item.new_tokens.len();
+            if held > self.config.max_request_tokens {
+                return Err(DraftError::RequestTooLong {
+                    request_id: item.request_id.to_owned(),
+                    tokens: held,
+                    max: self.config.max_request_tokens,
+                });
+            }
+            state.append(item.new_tokens, &self.calibration);
+            self.account(&mut state);
+        }
+        if item.finished {
+            if let Some(r) = self.requests.lock().remove(item.request_id) {
+                let mut state = r.lock();
+                self.request_bytes.fetch_sub(state.accounted_bytes, Ordering::Relaxed);
+                state.accounted_bytes = 0;
+            }
+        }
+        Ok(request)
+    }
+
+    /// Brings the drafter's total of request bytes up to date with an active request.
+    fn account(&self, state: &mut RequestState) {
+        let (before, after) = (state.accounted_bytes, state.heap_bytes());
+        if after >= before {
+            self.request_bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.request_bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        state.accounted_bytes = after;
+    }
+
+    fn begin(&self, request_id: &str, prompt: &[Token], extra: usize) -> Result<SharedRequest, DraftError> {
+        let tokens = prompt.len() + extra;
+        if tokens > self.config.max_request_tokens {
+            return Err(DraftError::RequestTooLong {
+                request_id: request_id.to_owned(),
+                tokens,
+                max: self.config.max_request_tokens,
+            });
+        }
+        let needed = self.request_bytes.load(Ordering::Relaxed)
+            + tokens * SuffixAutomaton::bytes_per_token_bound();
+        if needed > self.request_share() {
+            return Err(DraftError::MemoryExhausted { needed, budget: self.request_share() });
+        }
+        let mut requests = self.requests.lock();
+        if requests.contains_key(request_id) {
+            return Err(DraftError::RequestAlreadyActive { request_id: request_id.to_owned() });
+        }
+        let mut state = RequestState::new(self.config.max_ngram);
+        state.append(prompt, &self.calibration);
+        self.account(&mut state);
+        let shared = Arc::new(Mutex::new(state));
+        requests.insert(request_id.to_owned(), shared.clone());
+        Ok(shared)
+    }
+
+    fn run_step(&self, items: &[StepItem<'_>], defer: bool) -> Vec<Result<DraftTree, DraftError>> {
+        // 1. validate and apply tokens (each request under its own lock)
+        let applied: Vec<Result<SharedRequest, DraftError>> =
+            items.iter().map(|item| self.validate(item).and_then(|()| self.apply(item))).collect();
+        // 2. draft, all under one read section of the trie
+        let mut results = Vec::with_capacity(items.len());
+        {
+            let trie = self.trie.read();
+            let mut context = Vec::new();
+            for (item, applied) in items.iter().zip(&applied) {
+                results.push(applied.as_ref().map_err(Clone::clone).map(|request| {
+                    let mut state = request.lock();
+                    if item.finished || item.budget == 0 {
+                        return DraftTree::empty(state.sam.text().last().copied());
+                    }
+                    let tree = self.draft_locked(&mut state, &trie, item.budget, &mut context);
+                    if state.accounted_bytes != 0 {
+                        self.account(&mut state); // not once ended: its bytes left the total
+                    }
+                    tree
+                }));
+            }
+        }
+        // 3. queue the inserts, then apply them unless deferred
+        {
+            let mut pending = self.pending.lock();
+            for request in applied.iter().flatten() {
+                let mut state = request.lock();
+                if state.pending() > 0 && !state.queued {
+                    state.queued = true;
+                    pending.push(request.clone());
+                }
+            }
+        }
+        if !defer {
+            self.flush_inserts();
+        }
+        results
+    }
+
+    fn draft_locked(
+        &self,
+        state: &mut RequestState,
+        trie: &NgramTrie,
+        budget: usize,
+        context: &mut Vec<(u32, u32)>,
+    ) -> DraftTree {
+        let Some(&root) = state.sam.text().last() else {
+            return DraftTree::empty(None);
+        };
+        state.cursor.context_nodes(trie, state.sam.text(), context);
+        let sources = DraftSources {
+            sam: &state.sam,
+            trie,
+            calibration: &self.calibration,
+            context_nodes: context,
+            anchor: state.anchor.position(state.sam.text().len()),
+        };
+        let params = DraftParams { budget, min_score: self.config.min_score, chain: self.config.chain };
+        let draft = build(&sources, root, state.sam.longest_earlier_suffix(), params);
+        self.counters.drafts.fetch_add(1, Ordering::Relaxed);
+        self.counters.draft_nodes.fetch_add(draft.tree.len() as u64, Ordering::Relaxed);
+        state.last_draft = LastDraft {
+            text_len: state.sam.text().len(),
+            tree_tokens: draft.growth_tokens,
+            tree_parents: draft.growth_parents,
+            considered: draft.considered,
+        };
+        draft.tree
+    }
+}

@@ -1,0 +1,73 @@
+//! Errors of drafting calls. Every variant names what was wrong so that the server can turn it
+//! into a gRPC status and the bindings into a typed Python exception.
+
+use thiserror::Error;
+
+use crate::Token;
+
+/// Why a drafting call was refused. A refused call changes nothing.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum DraftError {
+    /// The request id is not active.
+    #[error("unknown request_id {request_id:?}: not started, or already ended")]
+    UnknownRequest {
+        /// The id given.
+        request_id: String,
+    },
+    /// A prompt was given for a request that is already active.
+    #[error("request_id {request_id:?} is already active: end it before starting it again")]
+    RequestAlreadyActive {
+        /// The id given.
+        request_id: String,
+    },
+    /// A token id is not below the vocabulary size.
+    #[error("{field}[{index}] = {token} is out of range: token ids must be < {vocab_size}")]
+    TokenOutOfRange {
+        /// `prompt`, `new_tokens` or `tokens`.
+        field: &'static str,
+        /// Position of the bad token in that field.
+        index: usize,
+        /// The bad token.
+        token: Token,
+        /// The configured vocabulary size.
+        vocab_size: u32,
+    },
+    /// The draft budget is above the configured maximum.
+    #[error("budget {budget} is above the maximum {max}")]
+    BudgetTooLarge {
+        /// The budget asked.
+        budget: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The request would hold more tokens than allowed.
+    #[error("request_id {request_id:?} would hold {tokens} tokens, above the maximum {max}")]
+    RequestTooLong {
+        /// The id given.
+        request_id: String,
+        /// Tokens it would hold.
+        tokens: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// Active requests alone would use more than their share of the memory budget.
+    #[error("memory budget exhausted: active requests need {needed} bytes, allowed {budget}")]
+    MemoryExhausted {
+        /// Bytes the active requests would use.
+        needed: usize,
+        /// Bytes they may use.
+        budget: usize,
+    },
+}
+
+impl DraftError {
+    /// The request field at fault, for error messages and status details.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::UnknownRequest { .. } | Self::RequestAlreadyActive { .. } => "request_id",
+            Self::TokenOutOfRange { field, .. } => field,
+            Self::BudgetTooLarge { .. } => "budget",
+            Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => "tokens",
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The drafting core of lookahead: per-request suffix automata, a shared n-gram trie with
+//! counts under a byte budget, and best-first draft trees that combine both.
+//!
+//! No I/O, no async, no Python: the server and the Python bindings are thin layers over
+//! [`Drafter`].
+
+mod anchor;
+mod calibration;
+mod config;
+mod draft;
+mod hashing;
+mod drafter;
+mod error;
+mod request;
+mod suffix_automaton;
+mod tree;
+mod trie;
+
+pub use config::{ConfigError, DrafterConfig};
+pub use drafter::{Drafter, Stats, StepItem};
+pub use error::DraftError;
+pub use tree::DraftTree;
+
+/// A token id. Ids are opaque to the core; the tokenizer's vocabulary bounds them
+/// (see [`DrafterConfig::vocab_size`]).
+pub type Token = u32;

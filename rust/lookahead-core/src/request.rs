@@ -1,0 +1,187 @@
+//! The state the drafter keeps for one active request.
+
+use crate::Token;
+use crate::anchor::Anchor;
+use crate::calibration::Calibration;
+use crate::suffix_automaton::SuffixAutomaton;
+use crate::trie::{NgramTrie, ROOT};
+
+/// Sentinel of a missing trie node in a suffix-node list.
+pub(crate) const NO_NODE: u32 = u32::MAX;
+
+/// A candidate considered by the last draft, kept to learn from what happens next.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Considered {
+    /// Index of its parent in the draft tree, -1 for the root.
+    pub parent: i32,
+    pub token: Token,
+    pub keys: (u16, u16),
+}
+
+/// The last draft of a request, as needed to score it once the true tokens arrive.
+#[derive(Debug, Default)]
+pub(crate) struct LastDraft {
+    /// Text length when the draft was made: only the append right after it can score it.
+    pub text_len: usize,
+    pub tree_tokens: Vec<Token>,
+    pub tree_parents: Vec<i32>,
+    pub considered: Vec<Considered>,
+}
+
+/// One active request: its own index, its place in the shared trie, its last draft.
+#[derive(Debug)]
+pub(crate) struct RequestState {
+    pub sam: SuffixAutomaton,
+    /// Where in its own history the request is copying from.
+    pub anchor: Anchor,
+    /// Where the request's text stands in the shared trie.
+    pub cursor: TrieCursor,
+    /// Whether the request sits in the drafter's queue of pending inserts.
+    pub queued: bool,
+    /// Heap bytes last reported to the drafter's total.
+    pub accounted_bytes: usize,
+    pub last_draft: LastDraft,
+}
+
+impl RequestState {
+    pub fn new(max_depth: usize) -> Self {
+        Self {
+            sam: SuffixAutomaton::new(),
+            anchor: Anchor::default(),
+            cursor: TrieCursor::new(max_depth),
+            queued: false,
+            accounted_bytes: 0,
+            last_draft: LastDraft::default(),
+        }
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.sam.heap_bytes()
+            + self.cursor.suffix_nodes.capacity() * 4
+            + self.last_draft.tree_tokens.capacity() * 8
+            + self.last_draft.considered.capacity() * size_of::<Considered>()
+    }
+
+    /// Appends tokens to the request's own index, first scoring the last draft against them.
+    pub fn append(&mut self, tokens: &[Token], calibration: &Calibration) {
+        if tokens.is_empty() {
+            return;
+        }
+        if self.last_draft.text_len == self.sam.text().len() {
+            score_draft(&self.last_draft, tokens, calibration);
+        }
+        self.last_draft.text_len = usize::MAX;
+        self.sam.extend(tokens);
+        self.anchor.follow(&self.sam, tokens.len());
+    }
+
+    /// Tokens not yet in the shared trie.
+    pub fn pending(&self) -> usize {
+        self.sam.text().len() - self.cursor.inserted
+    }
+}
+
+/// A text's place in the shared trie: the nodes of its last inserted n-grams, so that each
+/// further token costs `max_depth` lookups whatever the text's length.
+#[derive(Debug)]
+pub(crate) struct TrieCursor {
+    /// `suffix_nodes[k]`: the trie node of the last `k` inserted tokens (`[0]` is the root),
+    /// or [`NO_NODE`]; valid while `epoch` equals the trie's epoch.
+    suffix_nodes: Vec<u32>,
+    epoch: u64,
+    /// How many tokens of the text are in the trie.
+    inserted: usize,
+}
+
+impl TrieCursor {
+    pub fn new(max_depth: usize) -> Self {
+        let mut suffix_nodes = vec![NO_NODE; max_depth + 1];
+        suffix_nodes[0] = ROOT;
+        Self { suffix_nodes, epoch: 0, inserted: 0 }
+    }
+
+    /// Tokens of the text already inserted.
+    pub fn inserted(&self) -> usize {
+        self.inserted
+    }
+
+    /// Inserts `text[self.inserted()..end]` into the trie (under its write lock); `text` is the
+    /// whole text, of which earlier calls inserted a prefix.
+    pub fn insert(&mut self, trie: &mut NgramTrie, text: &[Token], end: usize) {
+        let max_depth = trie.max_depth();
+        while self.inserted < end {
+            // Reserve first so that no eviction happens while the suffix nodes are in use.
+            if trie.reserve(max_depth) || self.epoch != trie.epoch() {
+                self.resolve(trie, &text[..self.inserted]);
+            }
+            let token = text[self.inserted];
+            for k in (0..max_depth).rev() {
+                let parent = self.suffix_nodes[k];
+                self.suffix_nodes[k + 1] =
+                    if parent == NO_NODE { NO_NODE } else { trie.record(parent, token) };
+            }
+            self.inserted += 1;
+        }
+    }
+
+    /// Recomputes the suffix nodes of the inserted text from the root.
+    fn resolve(&mut self, trie: &NgramTrie, inserted: &[Token]) {
+        for (k, slot) in self.suffix_nodes.iter_mut().enumerate().skip(1) {
+            *slot = if k > inserted.len() {
+                NO_NODE
+            } else {
+                trie.walk(ROOT, &inserted[inserted.len() - k..]).unwrap_or(NO_NODE)
+            };
+        }
+        self.epoch = trie.epoch();
+    }
+
+    /// The trie nodes of the suffixes of the whole `text` (its uninserted tail included),
+    /// longest first, as `(node, length)`; read-only.
+    pub fn context_nodes(&self, trie: &NgramTrie, text: &[Token], out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        let max_depth = trie.max_depth();
+        let pending = &text[self.inserted..];
+        if self.epoch == trie.epoch() && pending.len() < max_depth {
+            let mut nodes = self.suffix_nodes.clone();
+            for &t in pending {
+                for k in (0..max_depth).rev() {
+                    let parent = nodes[k];
+                    nodes[k + 1] = if parent == NO_NODE {
+                        NO_NODE
+                    } else {
+                        trie.child(parent, t).unwrap_or(NO_NODE)
+                    };
+                }
+            }
+            let found = nodes.iter().enumerate().skip(1).rev();
+            out.extend(found.filter(|(_, n)| **n != NO_NODE).map(|(k, &n)| (n, k as u32)));
+        } else {
+            for k in (1..=max_depth.min(text.len())).rev() {
+                if let Some(n) = trie.walk(ROOT, &text[text.len() - k..]) {
+                    out.push((n, k as u32));
+                }
+            }
+        }
+    }
+}
+
+/// Records, for each considered candidate whose parent lies on the accepted path, whether it
+/// was the true next token.
+fn score_draft(draft: &LastDraft, truth: &[Token], calibration: &Calibration) {
+    // depth of each tree node on the accepted path, or None when off it
+    let mut on_path: Vec<Option<usize>> = Vec::with_capacity(draft.tree_tokens.len());
+    for (&tok, &p) in draft.tree_tokens.iter().zip(&draft.tree_parents) {
+        let parent_depth = if p < 0 { Some(0) } else { on_path[p as usize] };
+        on_path.push(parent_depth.filter(|&d| truth.get(d) == Some(&tok)).map(|d| d + 1));
+    }
+    for c in &draft.considered {
+        let parent_depth = if c.parent < 0 { Some(0) } else { on_path[c.parent as usize] };
+        if let Some(d) = parent_depth
+            && let Some(&truth_token) = truth.get(d)
+        {
+            calibration.record(c.keys, truth_token == c.token);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! PyO3 bindings: the embedded drafter over `lookahead-core`. A thin layer: argument
+//! conversion, GIL release around the core, and core errors turned into the typed exceptions
+//! of `lookahead_client.errors`.
+
+use lookahead_core::{DraftError, DraftTree, Drafter, DrafterConfig, StepItem, Token};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+/// Raises the `lookahead_client.errors` class `class` with `message`, naming `field`.
+fn typed_error(py: Python<'_>, class: &str, message: String, field: &str) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let errors = py.import("lookahead_client.errors")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("field", field)?;
+        let exc = errors.getattr(class)?.call((message.clone(),), Some(&kwargs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
+    let class = match err {
+        DraftError::UnknownRequest { .. } => "UnknownRequestError",
+        DraftError::RequestAlreadyActive { .. } => "RequestAlreadyActiveError",
+        DraftError::TokenOutOfRange { .. } | DraftError::BudgetTooLarge { .. } => {
+            "InvalidArgumentError"
+        }
+        DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
+            "ResourceExhaustedError"
+        }
+    };
+    typed_error(py, class, err.to_string(), err.field())
+}
+
+/// Converts Python ints to token ids, refusing negative or too large ones by field name.
+fn tokens(py: Python<'_>, field: &str, values: Vec<i64>) -> PyResult<Vec<Token>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            Token::try_from(v).ok().filter(|&t| t != Token::MAX).ok_or_else(|| {
+                typed_error(
+                    py,
+                    "InvalidArgumentError",
+                    format!("{field}[{i}] = {v} is not a valid token id (0 <= id < 2**32 - 1)"),
+                    field,
+                )
+            })
+        })
+        .collect()
+}
+
+fn tree_tuple<'py>(py: Python<'py>, tree: DraftTree) -> PyResult<Bound<'py, PyTuple>> {
+    let root: i64 = tree.root.map_or(-1, i64::from);
+    (root, tree.tokens, tree.parents, tree.scores).into_pyobject(py)
+}
+
+/// One request of a step, as converted from Python.
+struct OwnedItem {
+    request_id: String,
+    prompt: Option<Vec<Token>>,
+    new_tokens: Vec<Token>,
+    accepted_last: Option<u32>,
+    finished: bool,
+    budget: usize,
+}
+
+/// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
+#[pyclass(module = "lookahead_client._native", frozen)]
+struct NativeDrafter {
+    inner: Drafter,
+}
+
+#[pymethods]
+impl NativeDrafter {
+    #[new]
+    #[pyo3(signature = (memory_budget_bytes, max_ngram, max_budget, min_score, chain, vocab_size, max_request_tokens))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        memory_budget_bytes: usize,
+        max_ngram: usize,
+        max_budget: usize,
+        min_score: f32,
+        chain: bool,
+        vocab_size: u32,
+        max_request_tokens: usize,
+    ) -> PyResult<Self> {
+        let config = DrafterConfig {
+            memory_budget_bytes,
+            max_ngram,
+            max_budget,
+            min_score,
+            chain,
+            vocab_size,
+            max_request_tokens,
+        };
+        Drafter::new(config).map(|inner| Self { inner }).map_err(|e| {
+            let lookahead_core::ConfigError::OutOfRange { field, .. } = &e;
+            typed_error(py, "InvalidArgumentError", e.to_string(), field)
+        })
+    }
+
+    fn start(&self, py: Python<'_>, request_id: &str, prompt: Vec<i64>) -> PyResult<()> {
+        let prompt = tokens(py, "prompt", prompt)?;
+        py.detach(|| self.inner.start(request_id, &prompt)).map_err(|e| draft_error(py, &e))
+    }
+
+    fn append(&self, py: Python<'_>, request_id: &str, new_tokens: Vec<i64>) -> PyResult<()> {
+        let new_tokens = tokens(py, "new_tokens", new_tokens)?;
+        py.detach(|| self.inner.append(request_id, &new_tokens)).map_err(|e| draft_error(py, &e))
+    }
+
+    fn draft<'py>(&self, py: Python<'py>, request_id: &str, budget: usize) -> PyResult<Bound<'py, PyTuple>> {
+        let tree = py.detach(|| self.inner.draft(request_id, budget)).map_err(|e| draft_error(py, &e))?;
+        tree_tuple(py, tree)
+    }
+
+    fn end(&self, py: Python<'_>, request_id: &str) -> PyResult<()> {
+        py.detach(|| self.inner.end(request_id)).map_err(|e| draft_error(py, &e))
+    }
+
+    fn ingest(&self, py: Python<'_>, tokens_: Vec<i64>) -> PyResult<()> {
+        let text = tokens(py, "tokens", tokens_)?;
+        py.detach(|| self.inner.ingest(&text)).map_err(|e| draft_error(py, &e))
+    }
+
+    /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
+    /// accepted_last (-1: unknown), finished, budget)`; the result has, per item, either a
+    /// tuple `(root, tokens, parents, scores)` or the exception that item raised.
+    fn step<'py>(&self, py: Python<'py>, items: Vec<Bound<'py, PyTuple>>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let mut owned = Vec::with_capacity(items.len());
+        for item in &items {
+            let (request_id, prompt, new_tokens, accepted_last, finished, budget): (
+                String,
+                Option<Vec<i64>>,
+                Vec<i64>,
+                i64,
+                bool,
+                usize,
+            ) = item.extract().map_err(|e| {
+                PyValueError::new_err(format!(
+                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget): {e}"
+                ))
+            })?;
+            owned.push(OwnedItem {
+                prompt: prompt.map(|p| tokens(py, "prompt", p)).transpose()?,
+                new_tokens: tokens(py, "new_tokens", new_tokens)?,
+                accepted_last: u32::try_from(accepted_last).ok(),
+                request_id,
+                finished,
+                budget,
+            });
+        }
+        let results = py.detach(|| {
+            let items: Vec<StepItem<'_>> = owned
+                .iter()
+                .map(|o| StepItem {
+                    request_id: &o.request_id,
+                    prompt: o.prompt.as_deref(),
+                    new_tokens: &o.new_tokens,
+                    accepted_last: o.accepted_last,
+                    finished: o.finished,
+                    budget: o.budget,
+                })
+                .collect();
+            self.inner.step(&items)
+        });
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(tree) => tree_tuple(py, tree).map(Bound::into_any),
+                Err(e) => Ok(draft_error(py, &e).into_value(py).into_bound(py).into_any()),
+            })
+            .collect()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("active_requests", s.active_requests)?;
+        d.set_item("trie_nodes", s.trie_nodes)?;
+        d.set_item("memory_bytes", s.memory_bytes)?;
+        d.set_item("memory_budget_bytes", s.memory_budget_bytes)?;
+        d.set_item("trie_bytes_per_node", s.trie_bytes_per_node)?;
+        d.set_item("evicted_nodes", s.evicted_nodes)?;
+        d.set_item("tokens_ingested", s.tokens_ingested)?;
+        d.set_item("drafts", s.drafts)?;
+        d.set_item("draft_nodes", s.draft_nodes)?;
+        d.set_item("accepted_reported", s.accepted_reported)?;
+        d.set_item("steps_reported", s.steps_reported)?;
+        Ok(d)
+    }
+}
+
+/// The native module `lookahead_client._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeDrafter>()?;
+    Ok(())
+}
