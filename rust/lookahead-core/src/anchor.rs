@@ -15,6 +15,8 @@ use crate::suffix_automaton::SuffixAutomaton;
 
 /// Tokens ahead of the anchor searched for a resumed copy after a replacement.
 const RESYNC_WINDOW: usize = 16;
+/// Tokens compared to tell whether the anchor agrees with the suffix match.
+const CONSISTENCY_TAIL: usize = 16;
 /// A suffix match at least this long re-anchors to its occurrence.
 const REANCHOR_MATCH: u32 = 4;
 
@@ -27,7 +29,8 @@ pub(crate) struct Anchor {
 impl Anchor {
     /// The aligned position, when there is one whose continuation is known.
     pub fn position(&self, text_len: usize) -> Option<u32> {
-        self.position.filter(|&p| (p as usize) + 1 < text_len.saturating_sub(1))
+        self.position
+            .filter(|&p| (p as usize) + 1 < text_len.saturating_sub(1))
     }
 
     /// Follows tokens just appended to `sam` (the last `appended` tokens of its text).
@@ -41,8 +44,9 @@ impl Anchor {
         }
         let m = sam.longest_earlier_suffix();
         if m.len >= REANCHOR_MATCH {
+            // Compare a bounded tail only: an append must not cost the match's length.
             let consistent = self.position.is_some_and(|p| {
-                let len = m.len as usize;
+                let len = (m.len as usize).min(CONSISTENCY_TAIL);
                 let p = p as usize;
                 p + 1 >= len && text[p + 1 - len..=p] == text[text.len() - len..]
             });

@@ -78,7 +78,11 @@ pub(crate) fn keys(e: &Evidence) -> (u16, u16) {
             1 + share_bucket(l.occ, l.total, &[0.25, 0.5, 0.75]) * 2 + usize::from(l.most_recent)
         };
         let key = 1 + len_bucket(l.match_len) * 9 + evidence;
-        if l.anchored { key + LOCAL_KEYS / 2 } else { key }
+        if l.anchored {
+            key + LOCAL_KEYS / 2
+        } else {
+            key
+        }
     });
     let global = e.global.map_or(0, |g| {
         let depth = match g.depth {
@@ -144,8 +148,10 @@ impl Counter {
     fn record(&self, hit: bool) {
         // Saturation would bias the ratio; halve both instead (an exponential forgetting).
         if self.trials.fetch_add(1, Ordering::Relaxed) >= u32::MAX / 2 {
-            self.trials.store(self.trials.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
-            self.hits.store(self.hits.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+            self.trials
+                .store(self.trials.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
+            self.hits
+                .store(self.hits.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
         }
         if hit {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -211,7 +217,13 @@ mod tests {
     fn learns_from_feedback() {
         let cal = Calibration::default();
         let e = Evidence {
-            local: Some(LocalEvidence { match_len: 3, occ: 1, total: 1, most_recent: true, anchored: false }),
+            local: Some(LocalEvidence {
+                match_len: 3,
+                occ: 1,
+                total: 1,
+                most_recent: true,
+                anchored: false,
+            }),
             global: None,
         };
         let before = cal.estimate(&e);
@@ -224,9 +236,22 @@ mod tests {
 
     #[test]
     fn keys_are_in_range() {
-        let l = LocalEvidence { match_len: 1000, occ: 5, total: 5, most_recent: true, anchored: true };
-        let g = GlobalEvidence { depth: 64, count: 9, total: 9 };
-        let (lk, gk) = keys(&Evidence { local: Some(l), global: Some(g) });
+        let l = LocalEvidence {
+            match_len: 1000,
+            occ: 5,
+            total: 5,
+            most_recent: true,
+            anchored: true,
+        };
+        let g = GlobalEvidence {
+            depth: 64,
+            count: 9,
+            total: 9,
+        };
+        let (lk, gk) = keys(&Evidence {
+            local: Some(l),
+            global: Some(g),
+        });
         assert!((lk as usize) < LOCAL_KEYS && (gk as usize) < GLOBAL_KEYS);
     }
 }

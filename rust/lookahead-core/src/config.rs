@@ -63,7 +63,11 @@ impl DrafterConfig {
     /// Checks every field; the error names the first one out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         fn bad(field: &'static str, value: impl ToString, expected: String) -> ConfigError {
-            ConfigError::OutOfRange { field, value: value.to_string(), expected }
+            ConfigError::OutOfRange {
+                field,
+                value: value.to_string(),
+                expected,
+            }
         }
         if self.memory_budget_bytes < MIN_MEMORY_BUDGET {
             return Err(bad(
@@ -80,13 +84,21 @@ impl DrafterConfig {
             ));
         }
         if !(1..=MAX_BUDGET_LIMIT).contains(&self.max_budget) {
-            return Err(bad("max_budget", self.max_budget, format!("1..={MAX_BUDGET_LIMIT}")));
+            return Err(bad(
+                "max_budget",
+                self.max_budget,
+                format!("1..={MAX_BUDGET_LIMIT}"),
+            ));
         }
         if !(0.0..1.0).contains(&self.min_score) {
             return Err(bad("min_score", self.min_score, "0.0 <= x < 1.0".into()));
         }
         if self.vocab_size == 0 || self.vocab_size > u32::MAX - 1 {
-            return Err(bad("vocab_size", self.vocab_size, format!("1..={}", u32::MAX - 1)));
+            return Err(bad(
+                "vocab_size",
+                self.vocab_size,
+                format!("1..={}", u32::MAX - 1),
+            ));
         }
         if self.max_request_tokens == 0 || self.max_request_tokens > (u32::MAX / 4) as usize {
             return Err(bad(
@@ -110,7 +122,10 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let config = DrafterConfig { max_ngram: 1, ..Default::default() };
+        let config = DrafterConfig {
+            max_ngram: 1,
+            ..Default::default()
+        };
         let err = config.validate().unwrap_err();
         assert!(err.to_string().contains("max_ngram"), "{err}");
     }

@@ -9,21 +9,23 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::Token;
 use crate::calibration::{Calibration, Evidence, GlobalEvidence, LocalEvidence, keys};
 use crate::request::Considered;
 use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
 use crate::tree::DraftTree;
 use crate::trie::{Child, NgramTrie, ROOT};
+use crate::{SEPARATOR, Token};
 
 /// Continuations of a local match looked at, at most (the newest first).
-const MAX_LOCAL_CONTINUATIONS: usize = 32;
+const MAX_LOCAL_CONTINUATIONS: usize = 8;
+/// Context n-grams a draft node keeps for the next level (plus the unigram), longest first.
+const MAX_CONTEXT_NODES: usize = 6;
 /// Local matches (the longest, then shorter ones) whose continuations are considered.
-const MAX_LOCAL_LEVELS: usize = 3;
+const MAX_LOCAL_LEVELS: usize = 1;
 /// Candidates kept per expanded node.
 const MAX_CANDIDATES: usize = 8;
 /// Context n-grams (longest first) whose continuations are considered.
-const MAX_CONTEXT_LEVELS: usize = 6;
+const MAX_CONTEXT_LEVELS: usize = 3;
 
 /// What the caller wants.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +44,9 @@ pub(crate) struct DraftSources<'a> {
     pub context_nodes: &'a [(u32, u32)],
     /// The request's copy anchor (a text position aligned with the last token).
     pub anchor: Option<u32>,
+    /// Whether the counts of `context_nodes` include the context's own occurrence (its last
+    /// token is already in the trie): that occurrence has no continuation yet.
+    pub context_counted: bool,
 }
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.
@@ -83,7 +88,9 @@ impl PartialOrd for Candidate {
 impl Ord for Candidate {
     /// Higher score first; among equals the earlier candidate, so that drafts are deterministic.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.total_cmp(&other.score).then_with(|| other.seq.cmp(&self.seq))
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.seq.cmp(&self.seq))
     }
 }
 
@@ -147,7 +154,9 @@ impl Builder<'_> {
                     (Some(n.local), n.anchor, n.context.clone())
                 }
             };
-            let anchor = parent_anchor.map(|a| a + 1).filter(|&a| self.anchor_token(a) == Some(c.token));
+            let anchor = parent_anchor
+                .map(|a| a + 1)
+                .filter(|&a| self.anchor_token(a) == Some(c.token));
             let local = match parent_local {
                 Some(m) => self.src.sam.advance(m, c.token),
                 None => self.src.sam.advance(self.root_match, c.token),
@@ -170,10 +179,17 @@ impl Builder<'_> {
 
     /// Context nodes of a child: each parent context node (shallower than the trie's depth)
     /// followed by `token`, plus the unigram of `token`; longest first.
-    fn extend_context(&mut self, parent: std::ops::Range<usize>, token: Token) -> std::ops::Range<usize> {
+    fn extend_context(
+        &mut self,
+        parent: std::ops::Range<usize>,
+        token: Token,
+    ) -> std::ops::Range<usize> {
         let trie = self.src.trie;
         let start = self.contexts.len();
         for i in parent {
+            if self.contexts.len() - start == MAX_CONTEXT_NODES {
+                break; // longer contexts are kept; the unigram below is the last resort
+            }
             let (node, depth) = self.contexts[i];
             if (depth as usize) < trie.max_depth()
                 && let Some(child) = trie.child(node, token)
@@ -189,9 +205,24 @@ impl Builder<'_> {
         start..self.contexts.len()
     }
 
+    /// Occurrences of a context n-gram of node `id` that had a chance to be continued.
+    fn continued_count(&self, id: i32, node: u32) -> u32 {
+        let count = self.src.trie.count(node);
+        if id == -1 && self.src.context_counted {
+            count.saturating_sub(1).max(1)
+        } else {
+            count
+        }
+    }
+
     /// The token at text position `position`, when it is known text.
     fn anchor_token(&self, position: u32) -> Option<Token> {
-        self.src.sam.text().get(position as usize).copied()
+        self.src
+            .sam
+            .text()
+            .get(position as usize)
+            .copied()
+            .filter(|&t| t != SEPARATOR)
     }
 
     /// Scores the candidate children of a node and queues the best.
@@ -209,10 +240,11 @@ impl Builder<'_> {
         let mut level = (local.len > 0).then_some(local);
         for _ in 0..MAX_LOCAL_LEVELS {
             let Some(m) = level else { break };
-            src.sam.continuations(m, MAX_LOCAL_CONTINUATIONS, &mut self.local_buf);
+            src.sam
+                .continuations(m, MAX_LOCAL_CONTINUATIONS, &mut self.local_buf);
             let total = src.sam.occurrences(m);
             for c in &self.local_buf {
-                if self.cand_buf.iter().any(|(t, _, _)| *t == c.token) {
+                if c.token == SEPARATOR || self.cand_buf.iter().any(|(t, _, _)| *t == c.token) {
                     continue;
                 }
                 let ev = LocalEvidence {
@@ -222,7 +254,14 @@ impl Builder<'_> {
                     most_recent: c.most_recent,
                     anchored: false,
                 };
-                self.cand_buf.push((c.token, Evidence { local: Some(ev), global: None }, 0.0));
+                self.cand_buf.push((
+                    c.token,
+                    Evidence {
+                        local: Some(ev),
+                        global: None,
+                    },
+                    0.0,
+                ));
             }
             level = src.sam.shorter(m);
         }
@@ -238,14 +277,25 @@ impl Builder<'_> {
             }
             used += 1;
             primary.get_or_insert((node, depth));
-            let total = src.trie.count(node);
+            let total = self.continued_count(id, node);
             src.trie.top_children(node, &mut self.child_buf);
             for ch in &self.child_buf {
-                let ev = GlobalEvidence { depth, count: ch.count, total };
+                let ev = GlobalEvidence {
+                    depth,
+                    count: ch.count,
+                    total,
+                };
                 match self.cand_buf.iter_mut().find(|(t, _, _)| *t == ch.token) {
                     Some((_, e, _)) if e.global.is_none() => e.global = Some(ev),
                     Some(_) => {}
-                    None => self.cand_buf.push((ch.token, Evidence { local: None, global: Some(ev) }, 0.0)),
+                    None => self.cand_buf.push((
+                        ch.token,
+                        Evidence {
+                            local: None,
+                            global: Some(ev),
+                        },
+                        0.0,
+                    )),
                 }
             }
         }
@@ -258,6 +308,7 @@ impl Builder<'_> {
         }
         // evidence of absence where a source matched but did not predict the token
         let local_total = src.sam.occurrences(local);
+        let primary = primary.map(|(node, depth)| (depth, self.continued_count(id, node)));
         for (token, e, q) in &mut self.cand_buf {
             if e.local.is_none() && (local.len > 0 || anchored.is_some()) {
                 e.local = Some(LocalEvidence {
@@ -272,9 +323,13 @@ impl Builder<'_> {
                 l.anchored = anchored == Some(*token);
             }
             if e.global.is_none()
-                && let Some((node, depth)) = primary
+                && let Some((depth, total)) = primary
             {
-                e.global = Some(GlobalEvidence { depth, count: 0, total: src.trie.count(node) });
+                e.global = Some(GlobalEvidence {
+                    depth,
+                    count: 0,
+                    total,
+                });
             }
             *q = src.calibration.estimate(e);
         }
@@ -283,11 +338,21 @@ impl Builder<'_> {
         if sum > 1.0 {
             self.cand_buf.iter_mut().for_each(|c| c.2 /= sum);
         }
-        self.cand_buf.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+        self.cand_buf
+            .sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
         let keep = if self.params.chain { 1 } else { MAX_CANDIDATES };
         for &(token, ev, q) in self.cand_buf.iter().take(keep) {
-            self.considered.push(Considered { parent: id, token, keys: keys(&ev) });
-            self.heap.push(Candidate { score: score * q, seq: self.seq, parent: id, token });
+            self.considered.push(Considered {
+                parent: id,
+                token,
+                keys: keys(&ev),
+            });
+            self.heap.push(Candidate {
+                score: score * q,
+                seq: self.seq,
+                parent: id,
+                token,
+            });
             self.seq += 1;
         }
     }
@@ -302,7 +367,10 @@ impl Builder<'_> {
         }
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| {
-            depth[a].cmp(&depth[b]).then(self.nodes[b].score.total_cmp(&self.nodes[a].score)).then(a.cmp(&b))
+            depth[a]
+                .cmp(&depth[b])
+                .then(self.nodes[b].score.total_cmp(&self.nodes[a].score))
+                .then(a.cmp(&b))
         });
         let mut new_index = vec![0i32; n];
         for (new, &old) in order.iter().enumerate() {

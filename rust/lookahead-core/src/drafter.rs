@@ -11,15 +11,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::Token;
 use crate::calibration::Calibration;
 use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::request::{LastDraft, RequestState, TrieCursor};
+use crate::siblings::{SiblingResponses, prompt_key};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
-use crate::Token;
 
 type SharedRequest = Arc<Mutex<RequestState>>;
 
@@ -89,12 +90,17 @@ pub struct Drafter {
     calibration: Calibration,
     /// Heap bytes of all active requests.
     request_bytes: AtomicUsize,
+    /// Finished responses by prompt, for later samples of the same prompt.
+    siblings: Mutex<SiblingResponses>,
     counters: Counters,
 }
 
 impl std::fmt::Debug for Drafter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Drafter").field("config", &self.config).field("stats", &self.stats()).finish()
+        f.debug_struct("Drafter")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -108,11 +114,17 @@ impl Drafter {
             requests: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
             request_bytes: AtomicUsize::new(0),
+            siblings: Mutex::new(SiblingResponses::new(
+                config.memory_budget_bytes / 16 / size_of::<Token>(),
+            )),
             counters: Counters::default(),
             calibration,
             config,
         };
-        drafter.trie.write().set_node_limit(drafter.trie_node_limit());
+        drafter
+            .trie
+            .write()
+            .set_node_limit(drafter.trie_node_limit());
         Ok(drafter)
     }
 
@@ -123,7 +135,7 @@ impl Drafter {
 
     /// Trie nodes allowed now: what the budget leaves after requests and fixed tables.
     fn trie_node_limit(&self) -> usize {
-        let fixed = self.calibration.heap_bytes() + (64 << 10);
+        let fixed = self.calibration.heap_bytes() + self.siblings.lock().heap_bytes() + (64 << 10);
         let used = fixed + self.request_bytes.load(Ordering::Relaxed);
         self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
     }
@@ -135,26 +147,53 @@ impl Drafter {
 
     /// Starts a request with its prompt.
     pub fn start(&self, request_id: &str, prompt: &[Token]) -> Result<(), DraftError> {
-        let item = StepItem { request_id, prompt: Some(prompt), ..Default::default() };
-        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+        let item = StepItem {
+            request_id,
+            prompt: Some(prompt),
+            ..Default::default()
+        };
+        self.run_step(&[item], false)
+            .pop()
+            .unwrap_or(Ok(DraftTree::default()))
+            .map(drop)
     }
 
     /// Appends tokens to an active request.
     pub fn append(&self, request_id: &str, tokens: &[Token]) -> Result<(), DraftError> {
-        let item = StepItem { request_id, new_tokens: tokens, ..Default::default() };
-        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+        let item = StepItem {
+            request_id,
+            new_tokens: tokens,
+            ..Default::default()
+        };
+        self.run_step(&[item], false)
+            .pop()
+            .unwrap_or(Ok(DraftTree::default()))
+            .map(drop)
     }
 
     /// Drafts a tree of at most `budget` nodes for an active request.
     pub fn draft(&self, request_id: &str, budget: usize) -> Result<DraftTree, DraftError> {
-        let item = StepItem { request_id, budget, ..Default::default() };
-        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default()))
+        let item = StepItem {
+            request_id,
+            budget,
+            ..Default::default()
+        };
+        self.run_step(&[item], false)
+            .pop()
+            .unwrap_or(Ok(DraftTree::default()))
     }
 
     /// Ends a request; its text stays in the shared trie.
     pub fn end(&self, request_id: &str) -> Result<(), DraftError> {
-        let item = StepItem { request_id, finished: true, ..Default::default() };
-        self.run_step(&[item], false).pop().unwrap_or(Ok(DraftTree::default())).map(drop)
+        let item = StepItem {
+            request_id,
+            finished: true,
+            ..Default::default()
+        };
+        self.run_step(&[item], false)
+            .pop()
+            .unwrap_or(Ok(DraftTree::default()))
+            .map(drop)
     }
 
     /// One engine step: per item, start, append, draft (or end); then the shared-trie inserts.
@@ -180,7 +219,9 @@ impl Drafter {
             trie.set_node_limit(self.trie_node_limit());
             cursor.insert(&mut trie, tokens, end);
         }
-        self.counters.tokens_ingested.fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        self.counters
+            .tokens_ingested
+            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -198,7 +239,9 @@ impl Drafter {
             let pending = state.pending() as u64;
             let RequestState { sam, cursor, .. } = &mut *state;
             cursor.insert(&mut trie, sam.text(), sam.text().len());
-            self.counters.tokens_ingested.fetch_add(pending, Ordering::Relaxed);
+            self.counters
+                .tokens_ingested
+                .fetch_add(pending, Ordering::Relaxed);
         }
     }
 
@@ -212,7 +255,8 @@ impl Drafter {
             trie_nodes: trie.live_nodes(),
             memory_bytes: trie_bytes
                 + self.request_bytes.load(Ordering::Relaxed)
-                + self.calibration.heap_bytes(),
+                + self.calibration.heap_bytes()
+                + self.siblings.lock().heap_bytes(),
             memory_budget_bytes: self.config.memory_budget_bytes,
             trie_bytes_per_node: trie_bytes as f64 / trie.live_nodes().max(1) as f64,
             evicted_nodes: trie.evicted(),
@@ -227,14 +271,22 @@ impl Drafter {
     fn check_tokens(&self, field: &'static str, tokens: &[Token]) -> Result<(), DraftError> {
         let vocab_size = self.config.vocab_size;
         match tokens.iter().position(|&t| t >= vocab_size) {
-            Some(index) => Err(DraftError::TokenOutOfRange { field, index, token: tokens[index], vocab_size }),
+            Some(index) => Err(DraftError::TokenOutOfRange {
+                field,
+                index,
+                token: tokens[index],
+                vocab_size,
+            }),
             None => Ok(()),
         }
     }
 
     fn validate(&self, item: &StepItem<'_>) -> Result<(), DraftError> {
         if item.budget > self.config.max_budget {
-            return Err(DraftError::BudgetTooLarge { budget: item.budget, max: self.config.max_budget });
+            return Err(DraftError::BudgetTooLarge {
+                budget: item.budget,
+                max: self.config.max_budget,
+            });
         }
         if let Some(prompt) = item.prompt {
             self.check_tokens("prompt", prompt)?;
@@ -246,17 +298,24 @@ impl Drafter {
     fn apply(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
         let request = match item.prompt {
             Some(prompt) => self.begin(item.request_id, prompt, item.new_tokens.len())?,
-            None => self.requests.lock().get(item.request_id).cloned().ok_or_else(|| {
-                DraftError::UnknownRequest { request_id: item.request_id.to_owned() }
-            })?,
+            None => self
+                .requests
+                .lock()
+                .get(item.request_id)
+                .cloned()
+                .ok_or_else(|| DraftError::UnknownRequest {
+                    request_id: item.request_id.to_owned(),
+                })?,
         };
         if let Some(accepted) = item.accepted_last {
-            self.counters.accepted_reported.fetch_add(u64::from(accepted), Ordering::Relaxed);
+            self.counters
+                .accepted_reported
+                .fetch_add(u64::from(accepted), Ordering::Relaxed);
             self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
         }
         if !item.new_tokens.is_empty() {
             let mut state = request.lock();
-            let held = state.sam.text().len() + item.new_tokens.len();
+            let held = state.own_text().len() + item.new_tokens.len();
             if held > self.config.max_request_tokens {
                 return Err(DraftError::RequestTooLong {
                     request_id: item.request_id.to_owned(),
@@ -268,10 +327,14 @@ impl Drafter {
             self.account(&mut state);
         }
         if item.finished {
-            if let Some(r) = self.requests.lock().remove(item.request_id) {
+            let removed = self.requests.lock().remove(item.request_id);
+            if let Some(r) = removed {
                 let mut state = r.lock();
-                self.request_bytes.fetch_sub(state.accounted_bytes, Ordering::Relaxed);
+                self.request_bytes
+                    .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
                 state.accounted_bytes = 0;
+                let key = prompt_key(&state.own_text()[..state.prompt_len]);
+                self.siblings.lock().record(key, state.response());
             }
         }
         Ok(request)
@@ -281,14 +344,21 @@ impl Drafter {
     fn account(&self, state: &mut RequestState) {
         let (before, after) = (state.accounted_bytes, state.heap_bytes());
         if after >= before {
-            self.request_bytes.fetch_add(after - before, Ordering::Relaxed);
+            self.request_bytes
+                .fetch_add(after - before, Ordering::Relaxed);
         } else {
-            self.request_bytes.fetch_sub(before - after, Ordering::Relaxed);
+            self.request_bytes
+                .fetch_sub(before - after, Ordering::Relaxed);
         }
         state.accounted_bytes = after;
     }
 
-    fn begin(&self, request_id: &str, prompt: &[Token], extra: usize) -> Result<SharedRequest, DraftError> {
+    fn begin(
+        &self,
+        request_id: &str,
+        prompt: &[Token],
+        extra: usize,
+    ) -> Result<SharedRequest, DraftError> {
         let tokens = prompt.len() + extra;
         if tokens > self.config.max_request_tokens {
             return Err(DraftError::RequestTooLong {
@@ -300,14 +370,26 @@ impl Drafter {
         let needed = self.request_bytes.load(Ordering::Relaxed)
             + tokens * SuffixAutomaton::bytes_per_token_bound();
         if needed > self.request_share() {
-            return Err(DraftError::MemoryExhausted { needed, budget: self.request_share() });
+            return Err(DraftError::MemoryExhausted {
+                needed,
+                budget: self.request_share(),
+            });
         }
+        let already_active = || DraftError::RequestAlreadyActive {
+            request_id: request_id.to_owned(),
+        };
+        if self.requests.lock().contains_key(request_id) {
+            return Err(already_active());
+        }
+        // Built outside the table's lock: indexing a long prompt takes a while.
+        let siblings = self.siblings.lock().get(prompt_key(prompt));
+        let mut state = RequestState::new(self.config.max_ngram, &siblings);
+        state.append(prompt, &self.calibration);
+        state.prompt_len = prompt.len();
         let mut requests = self.requests.lock();
         if requests.contains_key(request_id) {
-            return Err(DraftError::RequestAlreadyActive { request_id: request_id.to_owned() });
+            return Err(already_active());
         }
-        let mut state = RequestState::new(self.config.max_ngram);
-        state.append(prompt, &self.calibration);
         self.account(&mut state);
         let shared = Arc::new(Mutex::new(state));
         requests.insert(request_id.to_owned(), shared.clone());
@@ -316,8 +398,10 @@ impl Drafter {
 
     fn run_step(&self, items: &[StepItem<'_>], defer: bool) -> Vec<Result<DraftTree, DraftError>> {
         // 1. validate and apply tokens (each request under its own lock)
-        let applied: Vec<Result<SharedRequest, DraftError>> =
-            items.iter().map(|item| self.validate(item).and_then(|()| self.apply(item))).collect();
+        let applied: Vec<Result<SharedRequest, DraftError>> = items
+            .iter()
+            .map(|item| self.validate(item).and_then(|()| self.apply(item)))
+            .collect();
         // 2. draft, all under one read section of the trie
         let mut results = Vec::with_capacity(items.len());
         {
@@ -327,7 +411,7 @@ impl Drafter {
                 results.push(applied.as_ref().map_err(Clone::clone).map(|request| {
                     let mut state = request.lock();
                     if item.finished || item.budget == 0 {
-                        return DraftTree::empty(state.sam.text().last().copied());
+                        return DraftTree::empty(state.own_text().last().copied());
                     }
                     let tree = self.draft_locked(&mut state, &trie, item.budget, &mut context);
                     if state.accounted_bytes != 0 {
@@ -361,7 +445,7 @@ impl Drafter {
         budget: usize,
         context: &mut Vec<(u32, u32)>,
     ) -> DraftTree {
-        let Some(&root) = state.sam.text().last() else {
+        let Some(&root) = state.own_text().last() else {
             return DraftTree::empty(None);
         };
         state.cursor.context_nodes(trie, state.sam.text(), context);
@@ -371,11 +455,18 @@ impl Drafter {
             calibration: &self.calibration,
             context_nodes: context,
             anchor: state.anchor.position(state.sam.text().len()),
+            context_counted: state.fully_inserted(),
         };
-        let params = DraftParams { budget, min_score: self.config.min_score, chain: self.config.chain };
+        let params = DraftParams {
+            budget,
+            min_score: self.config.min_score,
+            chain: self.config.chain,
+        };
         let draft = build(&sources, root, state.sam.longest_earlier_suffix(), params);
         self.counters.drafts.fetch_add(1, Ordering::Relaxed);
-        self.counters.draft_nodes.fetch_add(draft.tree.len() as u64, Ordering::Relaxed);
+        self.counters
+            .draft_nodes
+            .fetch_add(draft.tree.len() as u64, Ordering::Relaxed);
         state.last_draft = LastDraft {
             text_len: state.sam.text().len(),
             tree_tokens: draft.growth_tokens,

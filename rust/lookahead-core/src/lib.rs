@@ -8,10 +8,11 @@ mod anchor;
 mod calibration;
 mod config;
 mod draft;
-mod hashing;
 mod drafter;
 mod error;
+mod hashing;
 mod request;
+mod siblings;
 mod suffix_automaton;
 mod tree;
 mod trie;
@@ -24,3 +25,7 @@ pub use tree::DraftTree;
 /// A token id. Ids are opaque to the core; the tokenizer's vocabulary bounds them
 /// (see [`DrafterConfig::vocab_size`]).
 pub type Token = u32;
+
+/// Separates texts joined into one history; never a real token (ids are < `vocab_size`,
+/// which is below it) and never drafted.
+pub(crate) const SEPARATOR: Token = Token::MAX;

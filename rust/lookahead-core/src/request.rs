@@ -1,10 +1,10 @@
 //! The state the drafter keeps for one active request.
 
-use crate::Token;
 use crate::anchor::Anchor;
 use crate::calibration::Calibration;
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::trie::{NgramTrie, ROOT};
+use crate::{SEPARATOR, Token};
 
 /// Sentinel of a missing trie node in a suffix-node list.
 pub(crate) const NO_NODE: u32 = u32::MAX;
@@ -32,6 +32,10 @@ pub(crate) struct LastDraft {
 #[derive(Debug)]
 pub(crate) struct RequestState {
     pub sam: SuffixAutomaton,
+    /// Tokens of sibling responses (and separators) before the request's own text.
+    pub prefix_len: usize,
+    /// Tokens of the prompt.
+    pub prompt_len: usize,
     /// Where in its own history the request is copying from.
     pub anchor: Anchor,
     /// Where the request's text stands in the shared trie.
@@ -44,11 +48,20 @@ pub(crate) struct RequestState {
 }
 
 impl RequestState {
-    pub fn new(max_depth: usize) -> Self {
+    /// A request whose history starts with `siblings`: earlier responses to the same prompt.
+    pub fn new(max_depth: usize, siblings: &[std::sync::Arc<[Token]>]) -> Self {
+        let mut sam = SuffixAutomaton::new();
+        for response in siblings.iter().rev() {
+            sam.extend(response);
+            sam.extend(&[SEPARATOR]);
+        }
+        let prefix_len = sam.text().len();
         Self {
-            sam: SuffixAutomaton::new(),
+            sam,
+            prefix_len,
+            prompt_len: 0,
             anchor: Anchor::default(),
-            cursor: TrieCursor::new(max_depth),
+            cursor: TrieCursor::starting_at(max_depth, prefix_len),
             queued: false,
             accounted_bytes: 0,
             last_draft: LastDraft::default(),
@@ -76,6 +89,21 @@ impl RequestState {
         self.anchor.follow(&self.sam, tokens.len());
     }
 
+    /// The request's own tokens: prompt, then outputs.
+    pub fn own_text(&self) -> &[Token] {
+        &self.sam.text()[self.prefix_len..]
+    }
+
+    /// The request's output so far.
+    pub fn response(&self) -> &[Token] {
+        &self.own_text()[self.prompt_len..]
+    }
+
+    /// Whether the whole text is in the shared trie.
+    pub fn fully_inserted(&self) -> bool {
+        self.pending() == 0
+    }
+
     /// Tokens not yet in the shared trie.
     pub fn pending(&self) -> usize {
         self.sam.text().len() - self.cursor.inserted
@@ -95,10 +123,20 @@ pub(crate) struct TrieCursor {
 }
 
 impl TrieCursor {
+    /// A cursor at the start of a text.
     pub fn new(max_depth: usize) -> Self {
+        Self::starting_at(max_depth, 0)
+    }
+
+    /// A cursor that leaves the first `offset` tokens of its text out of the trie.
+    pub fn starting_at(max_depth: usize, offset: usize) -> Self {
         let mut suffix_nodes = vec![NO_NODE; max_depth + 1];
         suffix_nodes[0] = ROOT;
-        Self { suffix_nodes, epoch: 0, inserted: 0 }
+        Self {
+            suffix_nodes,
+            epoch: u64::MAX,
+            inserted: offset,
+        }
     }
 
     /// Tokens of the text already inserted.
@@ -118,8 +156,15 @@ impl TrieCursor {
             let token = text[self.inserted];
             for k in (0..max_depth).rev() {
                 let parent = self.suffix_nodes[k];
-                self.suffix_nodes[k + 1] =
-                    if parent == NO_NODE { NO_NODE } else { trie.record(parent, token) };
+                // An n-gram gets a node only once its prefix has occurred before: text seen
+                // once costs a node or two per token instead of `max_depth`, and recurring
+                // text (what drafts are made of) is counted from its second occurrence on.
+                let recurring = parent != NO_NODE && (k < 3 || trie.count(parent) >= 2);
+                self.suffix_nodes[k + 1] = if recurring {
+                    trie.record(parent, token)
+                } else {
+                    NO_NODE
+                };
             }
             self.inserted += 1;
         }
@@ -131,7 +176,8 @@ impl TrieCursor {
             *slot = if k > inserted.len() {
                 NO_NODE
             } else {
-                trie.walk(ROOT, &inserted[inserted.len() - k..]).unwrap_or(NO_NODE)
+                trie.walk(ROOT, &inserted[inserted.len() - k..])
+                    .unwrap_or(NO_NODE)
             };
         }
         self.epoch = trie.epoch();
@@ -156,7 +202,11 @@ impl TrieCursor {
                 }
             }
             let found = nodes.iter().enumerate().skip(1).rev();
-            out.extend(found.filter(|(_, n)| **n != NO_NODE).map(|(k, &n)| (n, k as u32)));
+            out.extend(
+                found
+                    .filter(|(_, n)| **n != NO_NODE)
+                    .map(|(k, &n)| (n, k as u32)),
+            );
         } else {
             for k in (1..=max_depth.min(text.len())).rev() {
                 if let Some(n) = trie.walk(ROOT, &text[text.len() - k..]) {
@@ -174,10 +224,18 @@ fn score_draft(draft: &LastDraft, truth: &[Token], calibration: &Calibration) {
     let mut on_path: Vec<Option<usize>> = Vec::with_capacity(draft.tree_tokens.len());
     for (&tok, &p) in draft.tree_tokens.iter().zip(&draft.tree_parents) {
         let parent_depth = if p < 0 { Some(0) } else { on_path[p as usize] };
-        on_path.push(parent_depth.filter(|&d| truth.get(d) == Some(&tok)).map(|d| d + 1));
+        on_path.push(
+            parent_depth
+                .filter(|&d| truth.get(d) == Some(&tok))
+                .map(|d| d + 1),
+        );
     }
     for c in &draft.considered {
-        let parent_depth = if c.parent < 0 { Some(0) } else { on_path[c.parent as usize] };
+        let parent_depth = if c.parent < 0 {
+            Some(0)
+        } else {
+            on_path[c.parent as usize]
+        };
         if let Some(d) = parent_depth
             && let Some(&truth_token) = truth.get(d)
         {

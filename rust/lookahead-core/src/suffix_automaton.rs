@@ -68,7 +68,13 @@ pub(crate) struct SuffixAutomaton {
 impl SuffixAutomaton {
     /// An automaton of the empty text.
     pub fn new() -> Self {
-        let root = State { len: 0, link: NONE, first_edge: NONE, recent_end: NONE, occ: 0 };
+        let root = State {
+            len: 0,
+            link: NONE,
+            first_edge: NONE,
+            recent_end: NONE,
+            occ: 0,
+        };
         Self {
             text: Vec::new(),
             states: vec![root],
@@ -128,17 +134,29 @@ impl SuffixAutomaton {
     fn add_edge(&mut self, source: u32, token: Token, target: u32) {
         let id = self.edges.len() as u32;
         let next = self.states[source as usize].first_edge;
-        self.edges.push(Edge { source, token, target, next });
+        self.edges.push(Edge {
+            source,
+            token,
+            target,
+            next,
+        });
         self.states[source as usize].first_edge = id;
         let edges = &self.edges;
-        self.index.insert_unique(pair_hash(source, token), id, |&e| {
-            let e = &edges[e as usize];
-            pair_hash(e.source, e.token)
-        });
+        self.index
+            .insert_unique(pair_hash(source, token), id, |&e| {
+                let e = &edges[e as usize];
+                pair_hash(e.source, e.token)
+            });
     }
 
     fn new_state(&mut self, len: u32, link: u32, recent_end: u32, occ: u32) -> u32 {
-        self.states.push(State { len, link, first_edge: NONE, recent_end, occ });
+        self.states.push(State {
+            len,
+            link,
+            first_edge: NONE,
+            recent_end,
+            occ,
+        });
         (self.states.len() - 1) as u32
     }
 
@@ -146,7 +164,9 @@ impl SuffixAutomaton {
     /// suffixes. Done one append late so that the current position, which has no continuation
     /// yet, never shadows an earlier occurrence.
     fn credit_previous_end(&mut self) {
-        let Some(end) = (self.text.len() as u32).checked_sub(1) else { return };
+        let Some(end) = (self.text.len() as u32).checked_sub(1) else {
+            return;
+        };
         let mut s = self.last;
         for _ in 0..OCC_WALK_CAP {
             if s == 0 || s == NONE {
@@ -177,10 +197,16 @@ impl SuffixAutomaton {
             if p_len + 1 == q_state.len {
                 self.states[cur as usize].link = q;
             } else {
-                let clone = self.new_state(p_len + 1, q_state.link, q_state.recent_end, q_state.occ);
+                let clone =
+                    self.new_state(p_len + 1, q_state.link, q_state.recent_end, q_state.occ);
                 let mut e = q_state.first_edge;
                 while e != NONE {
-                    let Edge { token, target, next, .. } = self.edges[e as usize];
+                    let Edge {
+                        token,
+                        target,
+                        next,
+                        ..
+                    } = self.edges[e as usize];
                     self.add_edge(clone, token, target);
                     e = next;
                 }
@@ -206,7 +232,10 @@ impl SuffixAutomaton {
         if link == NONE {
             return LocalMatch { state: 0, len: 0 };
         }
-        LocalMatch { state: link, len: self.states[link as usize].len }
+        LocalMatch {
+            state: link,
+            len: self.states[link as usize].len,
+        }
     }
 
     /// The match after appending `token` to the matched text: the transition when the extended
@@ -215,7 +244,10 @@ impl SuffixAutomaton {
         let (mut state, mut len) = (m.state, m.len);
         loop {
             if let Some(next) = self.transition(state, token) {
-                return LocalMatch { state: next, len: len + 1 };
+                return LocalMatch {
+                    state: next,
+                    len: len + 1,
+                };
             }
             if state == 0 {
                 return LocalMatch { state: 0, len: 0 };
@@ -229,7 +261,10 @@ impl SuffixAutomaton {
     /// occurrences, less context), if the match is not already the shortest.
     pub fn shorter(&self, m: LocalMatch) -> Option<LocalMatch> {
         let link = self.states[m.state as usize].link;
-        (link != NONE && link != 0).then(|| LocalMatch { state: link, len: self.states[link as usize].len })
+        (link != NONE && link != 0).then(|| LocalMatch {
+            state: link,
+            len: self.states[link as usize].len,
+        })
     }
 
     /// End position of the most recent earlier occurrence of the matched string.

@@ -21,7 +21,10 @@ pub struct DraftTree {
 impl DraftTree {
     /// A tree with no nodes.
     pub fn empty(root: Option<Token>) -> Self {
-        Self { root, ..Self::default() }
+        Self {
+            root,
+            ..Self::default()
+        }
     }
 
     /// Number of draft nodes (the root excluded).

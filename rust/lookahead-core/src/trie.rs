@@ -90,7 +90,13 @@ pub(crate) struct NgramTrie {
 impl NgramTrie {
     /// An empty trie of n-grams up to `max_depth` tokens.
     pub fn new(max_depth: usize, node_limit: usize) -> Self {
-        let root = Node { token: 0, count: 0, parent: NONE, top: [NONE; TOP_CHILDREN], children_heat: 0 };
+        let root = Node {
+            token: 0,
+            count: 0,
+            parent: NONE,
+            top: [NONE; TOP_CHILDREN],
+            children_heat: 0,
+        };
         Self {
             nodes: vec![root],
             index: HashTable::new(),
@@ -111,12 +117,6 @@ impl NgramTrie {
     /// Live nodes, the root excluded.
     pub fn live_nodes(&self) -> usize {
         self.nodes.len() - 1 - self.free.len()
-    }
-
-    /// The most live nodes allowed.
-    #[cfg(test)]
-    pub fn node_limit(&self) -> usize {
-        self.node_limit
     }
 
     /// Changes the node limit; evicts at once when the trie is above the new one.
@@ -174,7 +174,11 @@ impl NgramTrie {
                 break;
             }
             let n = &self.nodes[c as usize];
-            out.push(Child { node: c, token: n.token, count: n.count });
+            out.push(Child {
+                node: c,
+                token: n.token,
+                count: n.count,
+            });
         }
     }
 
@@ -212,7 +216,11 @@ impl NgramTrie {
 
     #[cfg(test)]
     fn is_live(&self, node: u32) -> bool {
-        node == ROOT || self.nodes.get(node as usize).is_some_and(|n| n.token != FREE)
+        node == ROOT
+            || self
+                .nodes
+                .get(node as usize)
+                .is_some_and(|n| n.token != FREE)
     }
 
     fn low_watermark(&self) -> usize {
@@ -223,7 +231,13 @@ impl NgramTrie {
     }
 
     fn create(&mut self, parent: u32, token: Token) -> u32 {
-        let node = Node { token, count: 0, parent, top: [NONE; TOP_CHILDREN], children_heat: 0 };
+        let node = Node {
+            token,
+            count: 0,
+            parent,
+            top: [NONE; TOP_CHILDREN],
+            children_heat: 0,
+        };
         let id = match self.free.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
@@ -240,10 +254,11 @@ impl NgramTrie {
             }
         };
         let nodes = &self.nodes;
-        self.index.insert_unique(pair_hash(parent, token), id, |&i| {
-            let n = &nodes[i as usize];
-            pair_hash(n.parent, n.token)
-        });
+        self.index
+            .insert_unique(pair_hash(parent, token), id, |&i| {
+                let n = &nodes[i as usize];
+                pair_hash(n.parent, n.token)
+            });
         if parent != ROOT {
             let p = &mut self.nodes[parent as usize];
             p.set_children(p.children() + 1);
@@ -258,7 +273,10 @@ impl NgramTrie {
         }
         let count = self.nodes[child as usize].count;
         let mut top = self.nodes[parent as usize].top;
-        let pos = top.iter().position(|&c| c == child || c == NONE).unwrap_or(TOP_CHILDREN - 1);
+        let pos = top
+            .iter()
+            .position(|&c| c == child || c == NONE)
+            .unwrap_or(TOP_CHILDREN - 1);
         top[pos] = child;
         let mut i = pos;
         while i > 0 && self.nodes[top[i - 1] as usize].count < count {
@@ -292,7 +310,10 @@ impl NgramTrie {
 
     fn remove_leaf(&mut self, id: u32) {
         let n = self.nodes[id as usize];
-        if let Ok(entry) = self.index.find_entry(pair_hash(n.parent, n.token), |&i| i == id) {
+        if let Ok(entry) = self
+            .index
+            .find_entry(pair_hash(n.parent, n.token), |&i| i == id)
+        {
             entry.remove();
         }
         if n.parent != ROOT {
@@ -319,7 +340,11 @@ impl NgramTrie {
             }
             live += 1;
             assert!(self.is_live(n.parent), "node {id} has a dead parent");
-            assert_eq!(self.child(n.parent, n.token), Some(id as u32), "index misses node {id}");
+            assert_eq!(
+                self.child(n.parent, n.token),
+                Some(id as u32),
+                "index misses node {id}"
+            );
             children[n.parent as usize] += 1;
         }
         assert_eq!(live, self.live_nodes());
@@ -368,7 +393,10 @@ mod tests {
         assert_eq!(trie.count(n12), 4);
         let mut out = Vec::new();
         trie.top_children(n12, &mut out);
-        assert_eq!(out.iter().map(|c| (c.token, c.count)).collect::<Vec<_>>(), vec![(3, 3), (9, 1)]);
+        assert_eq!(
+            out.iter().map(|c| (c.token, c.count)).collect::<Vec<_>>(),
+            vec![(3, 3), (9, 1)]
+        );
         trie.check_invariants();
     }
 

@@ -13,7 +13,9 @@ fn typed_error(py: Python<'_>, class: &str, message: String, field: &str) -> PyE
         let errors = py.import("lookahead_client.errors")?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("field", field)?;
-        let exc = errors.getattr(class)?.call((message.clone(),), Some(&kwargs))?;
+        let exc = errors
+            .getattr(class)?
+            .call((message.clone(),), Some(&kwargs))?;
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|e| e)
@@ -39,14 +41,17 @@ fn tokens(py: Python<'_>, field: &str, values: Vec<i64>) -> PyResult<Vec<Token>>
         .iter()
         .enumerate()
         .map(|(i, &v)| {
-            Token::try_from(v).ok().filter(|&t| t != Token::MAX).ok_or_else(|| {
-                typed_error(
-                    py,
-                    "InvalidArgumentError",
-                    format!("{field}[{i}] = {v} is not a valid token id (0 <= id < 2**32 - 1)"),
-                    field,
-                )
-            })
+            Token::try_from(v)
+                .ok()
+                .filter(|&t| t != Token::MAX)
+                .ok_or_else(|| {
+                    typed_error(
+                        py,
+                        "InvalidArgumentError",
+                        format!("{field}[{i}] = {v} is not a valid token id (0 <= id < 2**32 - 1)"),
+                        field,
+                    )
+                })
         })
         .collect()
 }
@@ -96,40 +101,57 @@ impl NativeDrafter {
             vocab_size,
             max_request_tokens,
         };
-        Drafter::new(config).map(|inner| Self { inner }).map_err(|e| {
-            let lookahead_core::ConfigError::OutOfRange { field, .. } = &e;
-            typed_error(py, "InvalidArgumentError", e.to_string(), field)
-        })
+        Drafter::new(config)
+            .map(|inner| Self { inner })
+            .map_err(|e| {
+                let lookahead_core::ConfigError::OutOfRange { field, .. } = &e;
+                typed_error(py, "InvalidArgumentError", e.to_string(), field)
+            })
     }
 
     fn start(&self, py: Python<'_>, request_id: &str, prompt: Vec<i64>) -> PyResult<()> {
         let prompt = tokens(py, "prompt", prompt)?;
-        py.detach(|| self.inner.start(request_id, &prompt)).map_err(|e| draft_error(py, &e))
+        py.detach(|| self.inner.start(request_id, &prompt))
+            .map_err(|e| draft_error(py, &e))
     }
 
     fn append(&self, py: Python<'_>, request_id: &str, new_tokens: Vec<i64>) -> PyResult<()> {
         let new_tokens = tokens(py, "new_tokens", new_tokens)?;
-        py.detach(|| self.inner.append(request_id, &new_tokens)).map_err(|e| draft_error(py, &e))
+        py.detach(|| self.inner.append(request_id, &new_tokens))
+            .map_err(|e| draft_error(py, &e))
     }
 
-    fn draft<'py>(&self, py: Python<'py>, request_id: &str, budget: usize) -> PyResult<Bound<'py, PyTuple>> {
-        let tree = py.detach(|| self.inner.draft(request_id, budget)).map_err(|e| draft_error(py, &e))?;
+    fn draft<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+        budget: usize,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let tree = py
+            .detach(|| self.inner.draft(request_id, budget))
+            .map_err(|e| draft_error(py, &e))?;
         tree_tuple(py, tree)
     }
 
     fn end(&self, py: Python<'_>, request_id: &str) -> PyResult<()> {
-        py.detach(|| self.inner.end(request_id)).map_err(|e| draft_error(py, &e))
+        py.detach(|| self.inner.end(request_id))
+            .map_err(|e| draft_error(py, &e))
     }
 
     fn ingest(&self, py: Python<'_>, tokens_: Vec<i64>) -> PyResult<()> {
         let text = tokens(py, "tokens", tokens_)?;
-        py.detach(|| self.inner.ingest(&text)).map_err(|e| draft_error(py, &e))
+        py.detach(|| self.inner.ingest(&text))
+            .map_err(|e| draft_error(py, &e))
     }
 
     /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
     /// accepted_last (-1: unknown), finished, budget)`; the result has, per item, either a
     /// tuple `(root, tokens, parents, scores)` or the exception that item raised.
-    fn step<'py>(&self, py: Python<'py>, items: Vec<Bound<'py, PyTuple>>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        items: Vec<Bound<'py, PyTuple>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let mut owned = Vec::with_capacity(items.len());
         for item in &items {
             let (request_id, prompt, new_tokens, accepted_last, finished, budget): (

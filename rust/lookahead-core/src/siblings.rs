@@ -1,0 +1,110 @@
+//! Responses of finished requests, remembered by prompt, so that a later sample of the same
+//! prompt (RL rollouts, best-of-n, several models answering one question) can copy from its
+//! siblings with exact positions, across edits, like it copies from its own prompt.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::Token;
+use crate::hashing::pair_hash;
+
+/// Siblings kept per prompt, the most recent first.
+const SIBLINGS_PER_PROMPT: usize = 8;
+/// Sibling tokens given to one new request, at most.
+pub(crate) const MAX_SIBLING_TOKENS: usize = 32 << 10;
+
+/// A fingerprint of a prompt. Two prompts with the same fingerprint share siblings; a collision
+/// only adds unrelated text to a request's history, which costs a little memory, no errors.
+pub(crate) fn prompt_key(prompt: &[Token]) -> u64 {
+    prompt
+        .iter()
+        .fold(pair_hash(prompt.len() as u32, 0), |h, &t| {
+            pair_hash((h ^ (h >> 32)) as u32, t) ^ h
+        })
+}
+
+/// The store, bounded in tokens; the prompt used least recently goes first.
+#[derive(Debug, Default)]
+pub(crate) struct SiblingResponses {
+    by_prompt: HashMap<u64, VecDeque<Arc<[Token]>>>,
+    /// Prompts from least to most recently recorded.
+    order: VecDeque<u64>,
+    tokens: usize,
+    max_tokens: usize,
+}
+
+impl SiblingResponses {
+    /// A store holding at most `max_tokens` tokens.
+    pub fn new(max_tokens: usize) -> Self {
+        Self {
+            max_tokens,
+            ..Self::default()
+        }
+    }
+
+    /// Heap bytes held (approximate: token storage plus per-entry overhead).
+    pub fn heap_bytes(&self) -> usize {
+        self.tokens * size_of::<Token>() + (self.by_prompt.len() + self.order.len()) * 64
+    }
+
+    /// Remembers a finished response of a request with prompt fingerprint `key`.
+    pub fn record(&mut self, key: u64, response: &[Token]) {
+        if response.is_empty() || response.len() > self.max_tokens {
+            return;
+        }
+        let list = self.by_prompt.entry(key).or_default();
+        list.push_front(response.into());
+        self.tokens += response.len();
+        if list.len() > SIBLINGS_PER_PROMPT
+            && let Some(old) = list.pop_back()
+        {
+            self.tokens -= old.len();
+        }
+        if let Some(pos) = self.order.iter().position(|&k| k == key) {
+            self.order.remove(pos);
+        }
+        self.order.push_back(key);
+        while self.tokens > self.max_tokens {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(list) = self.by_prompt.remove(&oldest) {
+                self.tokens -= list.iter().map(|r| r.len()).sum::<usize>();
+            }
+        }
+    }
+
+    /// The remembered responses for `key`, the most recent first, at most
+    /// [`MAX_SIBLING_TOKENS`] tokens in all.
+    pub fn get(&self, key: u64) -> Vec<Arc<[Token]>> {
+        let mut total = 0;
+        self.by_prompt
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .take_while(|r| {
+                total += r.len();
+                total <= MAX_SIBLING_TOKENS
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_and_most_recent_first() {
+        let mut s = SiblingResponses::new(10);
+        let k = prompt_key(&[1, 2, 3]);
+        s.record(k, &[1, 2, 3, 4]);
+        s.record(k, &[5, 6, 7, 8]);
+        assert_eq!(s.get(k)[0].as_ref(), &[5, 6, 7, 8]);
+        s.record(prompt_key(&[9]), &[9, 9, 9, 9]);
+        assert!(s.tokens <= 10);
+        assert!(s.get(k).is_empty(), "the least recent prompt went first");
+        assert_ne!(prompt_key(&[1, 2]), prompt_key(&[2, 1]));
+    }
+}
