@@ -10,6 +10,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::snapshot::{Reader, SnapshotError, Writer};
+
 /// What the request's own history says about a candidate.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct LocalEvidence {
@@ -194,6 +196,36 @@ impl Calibration {
         });
         let prior = 1.0 - (1.0 - p_local) * (1.0 - p_global);
         self.pair[lk as usize * GLOBAL_KEYS + gk as usize].smoothed(prior, PRIOR_WEIGHT_PAIR)
+    }
+
+    /// Writes every counter to a snapshot.
+    pub fn encode(&self, w: &mut Writer) {
+        for table in [&self.local, &self.global, &self.pair] {
+            w.len(table.len());
+            for c in table.iter() {
+                w.u32(c.trials.load(Ordering::Relaxed));
+                w.u32(c.hits.load(Ordering::Relaxed));
+            }
+        }
+    }
+
+    /// Reads counters written by [`Self::encode`]; table sizes must match this build's.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, SnapshotError> {
+        let cal = Self::default();
+        for table in [&cal.local, &cal.global, &cal.pair] {
+            if r.len(8)? != table.len() {
+                return Err(SnapshotError::Corrupt("calibration table size"));
+            }
+            for c in table.iter() {
+                let (trials, hits) = (r.u32()?, r.u32()?);
+                if hits > trials {
+                    return Err(SnapshotError::Corrupt("calibration hits above trials"));
+                }
+                c.trials.store(trials, Ordering::Relaxed);
+                c.hits.store(hits, Ordering::Relaxed);
+            }
+        }
+        Ok(cal)
     }
 
     /// Records whether a candidate with these keys was accepted.

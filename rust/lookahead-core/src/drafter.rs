@@ -18,6 +18,7 @@ use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::request::{LastDraft, RequestState, TrieCursor};
 use crate::siblings::{SiblingResponses, prompt_key};
+use crate::snapshot::{Reader, SnapshotError, Writer, frame, unframe};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
@@ -243,6 +244,44 @@ impl Drafter {
                 .tokens_ingested
                 .fetch_add(pending, Ordering::Relaxed);
         }
+    }
+
+    /// The learnt state (shared trie, calibration, sibling responses) as snapshot bytes.
+    /// Active requests are not included. Drafts go on meanwhile; inserts wait for it.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u32(self.config.max_ngram as u32);
+        self.trie.read().encode(&mut w);
+        self.calibration.encode(&mut w);
+        self.siblings.lock().encode(&mut w);
+        frame(&w.buf)
+    }
+
+    /// A drafter with `config` and the learnt state of a snapshot. The snapshot is checked
+    /// whole before anything is built: a corrupt one is refused, never half-loaded.
+    pub fn from_snapshot(config: DrafterConfig, bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let mut drafter = Self::new(config)?;
+        let mut r = Reader::new(unframe(bytes)?);
+        let max_ngram = r.u32()?;
+        if max_ngram as usize != drafter.config.max_ngram {
+            return Err(SnapshotError::IncompatibleConfig {
+                field: "max_ngram",
+                snapshot: u64::from(max_ngram),
+                config: drafter.config.max_ngram as u64,
+            });
+        }
+        let limit = drafter.trie_node_limit();
+        let trie = NgramTrie::decode(&mut r, drafter.config.max_ngram, limit)?;
+        drafter.calibration = Calibration::decode(&mut r)?;
+        let max_sibling_tokens = drafter.siblings.get_mut().max_tokens();
+        drafter.siblings = Mutex::new(SiblingResponses::decode(&mut r, max_sibling_tokens)?);
+        if !r.is_empty() {
+            return Err(SnapshotError::Corrupt("bytes left after the last section"));
+        }
+        drafter.trie = RwLock::new(trie);
+        let limit = drafter.trie_node_limit();
+        drafter.trie.get_mut().set_node_limit(limit);
+        Ok(drafter)
     }
 
     /// Counters describing the drafter now.

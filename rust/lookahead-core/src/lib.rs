@@ -13,6 +13,7 @@ mod error;
 mod hashing;
 mod request;
 mod siblings;
+mod snapshot;
 mod suffix_automaton;
 mod tree;
 mod trie;
@@ -20,6 +21,7 @@ mod trie;
 pub use config::{ConfigError, DrafterConfig};
 pub use drafter::{Drafter, Stats, StepItem};
 pub use error::DraftError;
+pub use snapshot::{SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotError};
 pub use tree::DraftTree;
 
 /// A token id. Ids are opaque to the core; the tokenizer's vocabulary bounds them

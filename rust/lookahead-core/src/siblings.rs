@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::Token;
 use crate::hashing::pair_hash;
+use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// Siblings kept per prompt, the most recent first.
 const SIBLINGS_PER_PROMPT: usize = 8;
@@ -42,6 +43,11 @@ impl SiblingResponses {
         }
     }
 
+    /// The most tokens the store holds.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// Heap bytes held (approximate: token storage plus per-entry overhead).
     pub fn heap_bytes(&self) -> usize {
         self.tokens * size_of::<Token>() + (self.by_prompt.len() + self.order.len()) * 64
@@ -72,6 +78,37 @@ impl SiblingResponses {
                 self.tokens -= list.iter().map(|r| r.len()).sum::<usize>();
             }
         }
+    }
+
+    /// Writes the store, least recently used prompt first.
+    pub fn encode(&self, w: &mut Writer) {
+        w.len(self.order.len());
+        for key in &self.order {
+            let list = &self.by_prompt[key];
+            w.u64(*key);
+            w.len(list.len());
+            for response in list.iter().rev() {
+                w.len(response.len());
+                response.iter().for_each(|&t| w.u32(t));
+            }
+        }
+    }
+
+    /// Reads a store written by [`Self::encode`] into one of `max_tokens` tokens.
+    pub fn decode(r: &mut Reader<'_>, max_tokens: usize) -> Result<Self, SnapshotError> {
+        let mut store = Self::new(max_tokens);
+        for _ in 0..r.len(16)? {
+            let key = r.u64()?;
+            for _ in 0..r.len(8)? {
+                let len = r.len(4)?;
+                let response = (0..len).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
+                if response.contains(&crate::SEPARATOR) {
+                    return Err(SnapshotError::Corrupt("separator token inside a response"));
+                }
+                store.record(key, &response);
+            }
+        }
+        Ok(store)
     }
 
     /// The remembered responses for `key`, the most recent first, at most

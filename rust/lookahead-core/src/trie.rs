@@ -16,6 +16,7 @@ use hashbrown::HashTable;
 
 use crate::Token;
 use crate::hashing::pair_hash;
+use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// Node id of the root.
 pub(crate) const ROOT: u32 = 0;
@@ -327,6 +328,117 @@ impl NgramTrie {
         self.nodes[id as usize].token = FREE;
         self.free.push(id);
         self.evicted += 1;
+    }
+
+    /// Writes the trie's nodes (free slots included, so ids stay valid) to a snapshot.
+    pub fn encode(&self, w: &mut Writer) {
+        w.len(self.nodes.len());
+        for n in &self.nodes {
+            w.u32(n.token);
+            w.u32(n.count);
+            w.u32(n.parent);
+            n.top.iter().for_each(|&c| w.u32(c));
+            w.u32(n.children_heat & HEAT_MASK);
+        }
+    }
+
+    /// Reads a trie written by [`Self::encode`], checking every invariant: parents live and
+    /// shallower than `max_depth`, one node per `(parent, token)`, top children real children.
+    /// Child counts and the index are rebuilt, never trusted.
+    pub fn decode(
+        r: &mut Reader<'_>,
+        max_depth: usize,
+        node_limit: usize,
+    ) -> Result<Self, SnapshotError> {
+        const NODE_BYTES: usize = 4 * (4 + TOP_CHILDREN);
+        let n = r.len(NODE_BYTES)?;
+        if n == 0 || n > (NONE as usize) {
+            return Err(SnapshotError::Corrupt("trie node count"));
+        }
+        let mut trie = Self::new(max_depth, node_limit);
+        trie.nodes.clear();
+        trie.nodes.reserve_exact(n);
+        for _ in 0..n {
+            let (token, count, parent) = (r.u32()?, r.u32()?, r.u32()?);
+            let mut top = [NONE; TOP_CHILDREN];
+            for t in &mut top {
+                *t = r.u32()?;
+            }
+            let heat = r.u32()? & HEAT_MASK;
+            trie.nodes.push(Node {
+                token,
+                count,
+                parent,
+                top,
+                children_heat: heat,
+            });
+        }
+        let corrupt = SnapshotError::Corrupt;
+        if trie.nodes[0].parent != NONE {
+            return Err(corrupt("the root has a parent"));
+        }
+        // depths by walking parents, bounded so that a cycle cannot loop forever
+        for id in 1..n {
+            let node = trie.nodes[id];
+            if node.token == FREE {
+                trie.free.push(id as u32);
+                continue;
+            }
+            let mut depth = 0;
+            let mut p = id;
+            while p != ROOT as usize {
+                depth += 1;
+                let parent = trie.nodes[p].parent as usize;
+                if depth > max_depth
+                    || parent >= n
+                    || parent == p
+                    || trie.nodes[parent].token == FREE
+                {
+                    return Err(corrupt("a node's parent chain is broken or too deep"));
+                }
+                p = parent;
+            }
+            let nodes = &trie.nodes;
+            let hash = pair_hash(node.parent, node.token);
+            if trie
+                .index
+                .find(hash, |&i| {
+                    nodes[i as usize].parent == node.parent && nodes[i as usize].token == node.token
+                })
+                .is_some()
+            {
+                return Err(corrupt("two nodes for one n-gram"));
+            }
+            trie.index.insert_unique(hash, id as u32, |&i| {
+                pair_hash(nodes[i as usize].parent, nodes[i as usize].token)
+            });
+            if node.parent != ROOT {
+                let parent = &mut trie.nodes[node.parent as usize];
+                parent.set_children(parent.children() + 1);
+            }
+        }
+        for id in 0..n {
+            let top = trie.nodes[id].top;
+            let valid = |c: u32| {
+                (c as usize) < n
+                    && trie.nodes[c as usize].token != FREE
+                    && trie.nodes[c as usize].parent == id as u32
+            };
+            let mut kept: Vec<u32> = top
+                .iter()
+                .copied()
+                .filter(|&c| c != NONE && valid(c))
+                .collect();
+            kept.dedup();
+            let mut new_top = [NONE; TOP_CHILDREN];
+            new_top[..kept.len()].copy_from_slice(&kept);
+            trie.nodes[id].top = new_top;
+        }
+        trie.epoch = 1;
+        if trie.live_nodes() > trie.node_limit {
+            trie.evict_to(trie.low_watermark());
+        }
+        Ok(trie)
     }
 
     /// Checks every invariant of the module doc; for tests.

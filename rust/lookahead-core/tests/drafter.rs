@@ -311,3 +311,85 @@ proptest! {
         }
     }
 }
+
+mod snapshots {
+    use lookahead_core::SnapshotError;
+
+    use super::*;
+
+    fn learnt() -> Drafter {
+        let d = drafter();
+        for i in 0..5 {
+            feed(&d, &format!("f{i}"), &[1, 2, 3, 20, 21, 22, 23]);
+        }
+        d.start("s0", &[9, 9]).unwrap();
+        d.append("s0", &[40, 41, 42, 43]).unwrap();
+        d.end("s0").unwrap();
+        d
+    }
+
+    #[test]
+    fn restore_gives_the_same_drafts() {
+        let d = learnt();
+        let bytes = d.snapshot();
+        let restored = Drafter::from_snapshot(DrafterConfig::default(), &bytes).unwrap();
+        for x in [&d, &restored] {
+            x.start("q", &[7, 1, 2, 3]).unwrap();
+            x.start("sib", &[9, 9]).unwrap();
+            x.append("sib", &[40]).unwrap();
+        }
+        assert_eq!(d.draft("q", 8).unwrap(), restored.draft("q", 8).unwrap());
+        assert_eq!(
+            d.draft("sib", 8).unwrap(),
+            restored.draft("sib", 8).unwrap()
+        );
+        assert_eq!(restored.stats().trie_nodes, d.stats().trie_nodes);
+    }
+
+    #[test]
+    fn corruption_and_truncation_are_refused() {
+        let bytes = learnt().snapshot();
+        let config = DrafterConfig::default;
+        for cut in [0, 4, 8, 20, bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                Drafter::from_snapshot(config(), &bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut flipped = bytes.clone();
+        flipped[bytes.len() / 2] ^= 0x40;
+        assert!(matches!(
+            Drafter::from_snapshot(config(), &flipped),
+            Err(SnapshotError::ChecksumMismatch { .. })
+        ));
+        let mut magic = bytes.clone();
+        magic[0] = b'X';
+        assert_eq!(
+            Drafter::from_snapshot(config(), &magic).unwrap_err(),
+            SnapshotError::BadMagic
+        );
+        let other = DrafterConfig {
+            max_ngram: 8,
+            ..config()
+        };
+        assert!(matches!(
+            Drafter::from_snapshot(other, &bytes),
+            Err(SnapshotError::IncompatibleConfig {
+                field: "max_ngram",
+                ..
+            })
+        ));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn random_bytes_never_panic(mut bytes in prop::collection::vec(any::<u8>(), 0..400), keep_header in any::<bool>()) {
+            if keep_header && bytes.len() > 12 {
+                bytes[..8].copy_from_slice(lookahead_core::SNAPSHOT_MAGIC);
+                bytes[8..12].copy_from_slice(&lookahead_core::SNAPSHOT_VERSION.to_le_bytes());
+            }
+            let _ = Drafter::from_snapshot(DrafterConfig::default(), &bytes);
+        }
+    }
+}
