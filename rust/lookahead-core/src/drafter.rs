@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -352,31 +353,59 @@ impl Drafter {
                 .fetch_add(u64::from(accepted), Ordering::Relaxed);
             self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
         }
-        if !item.new_tokens.is_empty() {
+        {
             let mut state = request.lock();
-            let held = state.own_text().len() + item.new_tokens.len();
-            if held > self.config.max_request_tokens {
-                return Err(DraftError::RequestTooLong {
-                    request_id: item.request_id.to_owned(),
-                    tokens: held,
-                    max: self.config.max_request_tokens,
-                });
+            state.last_used = Instant::now();
+            if !item.new_tokens.is_empty() {
+                let held = state.own_text().len() + item.new_tokens.len();
+                if held > self.config.max_request_tokens {
+                    return Err(DraftError::RequestTooLong {
+                        request_id: item.request_id.to_owned(),
+                        tokens: held,
+                        max: self.config.max_request_tokens,
+                    });
+                }
+                state.append(item.new_tokens, &self.calibration);
+                self.account(&mut state);
             }
-            state.append(item.new_tokens, &self.calibration);
-            self.account(&mut state);
         }
         if item.finished {
-            let removed = self.requests.lock().remove(item.request_id);
-            if let Some(r) = removed {
-                let mut state = r.lock();
-                self.request_bytes
-                    .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
-                state.accounted_bytes = 0;
-                let key = prompt_key(&state.own_text()[..state.prompt_len]);
-                self.siblings.lock().record(key, state.response());
-            }
+            self.remove(item.request_id, true);
         }
         Ok(request)
+    }
+
+    /// Removes an active request; a finished one's response becomes a sibling for later
+    /// requests with the same prompt. Its queued inserts still happen.
+    fn remove(&self, request_id: &str, finished: bool) -> bool {
+        let removed = self.requests.lock().remove(request_id);
+        let Some(request) = removed else { return false };
+        let mut state = request.lock();
+        self.request_bytes
+            .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
+        state.accounted_bytes = 0;
+        if finished {
+            let key = prompt_key(&state.own_text()[..state.prompt_len]);
+            self.siblings.lock().record(key, state.response());
+        }
+        true
+    }
+
+    /// Ends every request no step has touched for `max_idle` (an engine that went away without
+    /// ending them). Their text stays in the shared trie. Returns how many were ended.
+    pub fn expire_idle(&self, max_idle: Duration) -> usize {
+        let now = Instant::now();
+        let idle: Vec<String> = self
+            .requests
+            .lock()
+            .iter()
+            .filter(|(_, r)| {
+                r.try_lock()
+                    .is_some_and(|s| now.duration_since(s.last_used) > max_idle)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        idle.iter().filter(|id| self.remove(id, false)).count()
     }
 
     /// Brings the drafter's total of request bytes up to date with an active request.

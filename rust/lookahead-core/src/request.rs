@@ -45,6 +45,8 @@ pub(crate) struct RequestState {
     /// Heap bytes last reported to the drafter's total.
     pub accounted_bytes: usize,
     pub last_draft: LastDraft,
+    /// When a step last touched the request (for expiring idle ones).
+    pub last_used: std::time::Instant,
 }
 
 impl RequestState {
@@ -65,6 +67,7 @@ impl RequestState {
             queued: false,
             accounted_bytes: 0,
             last_draft: LastDraft::default(),
+            last_used: std::time::Instant::now(),
         }
     }
 

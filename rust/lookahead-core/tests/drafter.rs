@@ -393,3 +393,18 @@ mod snapshots {
         }
     }
 }
+
+#[test]
+fn idle_requests_expire_and_keep_their_text() {
+    let d = drafter();
+    d.start("idle", &[1, 2, 3, 4]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    d.start("busy", &[5, 6]).unwrap();
+    assert_eq!(d.expire_idle(std::time::Duration::from_millis(20)), 1);
+    assert!(matches!(
+        d.draft("idle", 4),
+        Err(DraftError::UnknownRequest { .. })
+    ));
+    assert!(d.draft("busy", 4).is_ok());
+    assert_eq!(d.stats().active_requests, 1);
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, from a clean clone: installs everything the project needs into
+# .venv (the Rust extension is built by maturin through pip), then runs the Rust checks and
+# tests, the generated-stub check, ruff, and pytest. Fails loudly at the first failure.
+#
+# Usage: scripts/test.sh            (README's test command; .ci/run calls it)
+# Environment: PYTHON (default python3) creates the virtual environment.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+step() { printf '\n==> %s\n' "$*"; }
+start=$SECONDS
+
+step "python environment (.venv) with the package and every extra"
+if [[ ! -x .venv/bin/python ]]; then
+    "${PYTHON:-python3}" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[torch,sglang,bench,test]"
+export PATH="$ROOT/.venv/bin:$PATH"
+
+step "rust: fmt, clippy, tests"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
+
+step "generated gRPC stubs are up to date"
+scripts/gen_proto.sh
+git diff --exit-code -- python/lookahead_client/_proto
+
+step "ruff"
+ruff check python tests
+ruff format --check python tests
+
+step "pytest"
+python -m pytest tests -q -p no:cacheprovider
+
+printf '\nall checks passed in %ss\n' "$((SECONDS - start))"
