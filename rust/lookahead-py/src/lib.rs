@@ -216,9 +216,18 @@ impl NativeDrafter {
     }
 }
 
+/// Runs `lookahead-server` with a command line (`argv[0]` is the program name) until it shuts
+/// down, with the GIL released; SIGINT and SIGTERM are handled in Rust. Returns the exit
+/// status: 0 clean, 1 failure, 2 bad command line.
+#[pyfunction]
+fn run_server(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| lookahead_server::run_with_args(argv))
+}
+
 /// The native module `lookahead_client._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDrafter>()?;
+    m.add_function(wrap_pyfunction!(run_server, m)?)?;
     Ok(())
 }

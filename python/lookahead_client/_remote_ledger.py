@@ -1,0 +1,362 @@
+"""The remote drafter's memory of its requests, and the plan of one step (no I/O).
+
+Why a ledger: the server may lose a request (it restarted), or the client may not know what
+the server applied (a step timed out, the server was unreachable). The ledger keeps, for every
+active request, every token the client knows (prompt and all tokens since) and whether the
+server is known to hold exactly those. A request whose server copy is in doubt is re-sent as a
+prompt with ``reset`` (the server drops whatever it holds and restarts the request from it);
+a request the server answers UNKNOWN_REQUEST for is re-sent that way within the same step.
+Finishes that did not reach the server are sent again with a later step, so the server does not
+keep requests the engine ended.
+
+A step runs as a :class:`StepPlan`: ``first_message()``, then ``on_response()`` (which may
+return a follow-up message re-sending lost requests) or ``on_unavailable()``, then
+``result()``. The sync and the asyncio clients drive the same plan with their own I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
+from lookahead_client._remote_wire import (
+    error_from_request_error,
+    response_columns,
+    server_tree,
+)
+from lookahead_client.errors import InvalidArgumentError, LookaheadError
+from lookahead_client.types import DraftTree, StepRequest
+
+__all__ = ["Ledger", "StepPlan"]
+
+_log = logging.getLogger("lookahead_client.remote")
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """One active request as the client knows it."""
+
+    tokens: list[int]
+    #: The server is known to hold exactly ``tokens``.
+    synced: bool
+
+
+class Ledger:
+    """The active requests of one client, and the finishes still owed to the server."""
+
+    def __init__(self, max_pending_ends: int = 4096) -> None:
+        self.active: dict[str, _Tracked] = {}
+        #: Request ids whose finish may not have reached the server (insertion-ordered).
+        self.pending_ends: dict[str, None] = {}
+        self.max_pending_ends = max_pending_ends
+        #: Requests re-sent as a prompt after the server lost them or their state was in doubt.
+        self.resyncs = 0
+
+    def owe_end(self, request_id: str) -> None:
+        """Remembers to finish ``request_id`` on the server with a later step."""
+        self.pending_ends[request_id] = None
+        while len(self.pending_ends) > self.max_pending_ends:
+            dropped = next(iter(self.pending_ends))
+            del self.pending_ends[dropped]
+            _log.debug("dropping the owed finish of %r (too many owed)", dropped)
+
+    def plan(self, requests: Sequence[StepRequest], namespace: str, step_id: int) -> StepPlan:
+        """The plan of one step over ``requests``."""
+        return StepPlan(self, requests, namespace, step_id)
+
+
+# What an entry of a step message is (plain ints: this is the per-request hot path).
+_START = 0  # the caller gave a prompt
+_TRACKED = 1  # known here, and the server holds what we hold
+_RESYNC = 2  # known here, the server's copy in doubt or lost: re-sent as prompt + reset
+_FOREIGN = 3  # not known here (the server decides)
+_OWED_END = 4  # the finish of an earlier request that may not have reached the server
+
+
+class _Entry:
+    """One request of a step message."""
+
+    __slots__ = (
+        "kind",
+        "index",
+        "request_id",
+        "new_tokens",
+        "budget",
+        "accepted_last",
+        "finished",
+        "prompt",
+        "tracked",
+    )
+
+    def __init__(
+        self,
+        kind: int,
+        index: int,
+        request_id: str,
+        new_tokens: list[int],
+        budget: int,
+        accepted_last: int,
+        finished: bool,
+        prompt: list[int] | None,
+        tracked: _Tracked | None,
+    ) -> None:
+        self.kind = kind
+        self.index = index  # the caller's index; -1 for _OWED_END
+        self.request_id = request_id
+        self.new_tokens = new_tokens
+        self.budget = budget
+        self.accepted_last = accepted_last
+        self.finished = finished
+        self.prompt = prompt
+        self.tracked = tracked
+
+
+def _root(tokens: list[int]) -> int:
+    """The last token as an int (-1 when there is none or it is not an int: the message
+    encoding then refuses it, naming the field)."""
+    try:
+        return int(tokens[-1]) if tokens else -1
+    except (TypeError, ValueError):
+        return -1
+
+
+class StepPlan:
+    """One step: the messages to send and what their answers mean for the ledger."""
+
+    def __init__(
+        self, ledger: Ledger, requests: Sequence[StepRequest], namespace: str, step_id: int
+    ) -> None:
+        self._ledger = ledger
+        self._namespace = namespace
+        self._step_id = step_id
+        self._trees: list[DraftTree | None] = [None] * len(requests)
+        self._roots: list[int] = []
+        self._errors: list[tuple[int, LookaheadError]] = []
+        self._in_flight: list[_Entry] = []
+        entries: list[_Entry] = []
+        active_get = ledger.active.get
+        for index, r in enumerate(requests):
+            new = list(r.new_tokens)
+            prompt = r.prompt
+            tracked = active_get(r.request_id)
+            if prompt is not None:
+                kind = _START
+                prompt = list(prompt)
+                last = new or prompt
+            elif tracked is not None:
+                kind = _TRACKED if tracked.synced else _RESYNC
+                last = new or tracked.tokens
+            else:
+                kind = _FOREIGN
+                last = new
+            self._roots.append(_root(last))
+            entries.append(
+                _Entry(
+                    kind,
+                    index,
+                    r.request_id,
+                    new,
+                    r.budget,
+                    r.accepted_last,
+                    r.finished,
+                    prompt,
+                    tracked,
+                )
+            )
+        if ledger.pending_ends:
+            ids = {e.request_id for e in entries}
+            entries.extend(
+                _Entry(_OWED_END, -1, rid, [], 0, -1, True, None, None)
+                for rid in ledger.pending_ends
+                if rid not in ids
+            )
+        self._first = entries
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to send: no request and no finish owed."""
+        return not self._first
+
+    # -- messages -------------------------------------------------------------------------
+
+    def first_message(self) -> pb.StepRequest:
+        """The message carrying the step (and any finishes still owed).
+
+        Raises:
+            InvalidArgumentError: a value cannot be encoded (not an integer, beyond int64 for
+                a token or int32 for a budget); nothing is sent.
+        """
+        return self._message(self._first)
+
+    def _message(self, entries: list[_Entry]) -> pb.StepRequest:
+        self._in_flight = entries
+        message = pb.StepRequest(namespace=self._namespace, step_id=self._step_id)
+        add = message.requests.add
+        pending_ends = self._ledger.pending_ends
+        for e in entries:
+            item = add()
+            field = "request_id"
+            try:
+                item.request_id = e.request_id
+                field = "budget"
+                item.budget = e.budget
+                if e.finished:
+                    item.finished = True
+                if e.kind == _RESYNC:
+                    if not e.finished:  # a request that ends needs no resynchronising
+                        field = "prompt"
+                        tokens = item.prompt.tokens
+                        tokens.extend(e.tracked.tokens)  # type: ignore[union-attr]
+                        tokens.extend(e.new_tokens)
+                        item.reset = True
+                else:
+                    if e.prompt is not None:
+                        field = "prompt"
+                        item.prompt.tokens.extend(e.prompt)
+                        # A finish we owe for this id may not have reached the server.
+                        if e.request_id in pending_ends:
+                            item.reset = True
+                    if e.new_tokens:
+                        field = "new_tokens"
+                        item.new_tokens.extend(e.new_tokens)
+                if e.accepted_last >= 0:
+                    field = "accepted_last"
+                    item.accepted_last = e.accepted_last
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(
+                    f"requests[{e.index}] ({e.request_id!r}): {field}: {exc}", field=field
+                ) from exc
+        return message
+
+    # -- outcomes -------------------------------------------------------------------------
+
+    def on_response(self, response: pb.StepResponse) -> pb.StepRequest | None:
+        """Applies an answer; returns a follow-up message when requests must be re-sent."""
+        entries = self._in_flight
+        self._in_flight = []
+        if response.HasField("error"):
+            # The whole step was refused; nothing of it was applied.
+            self._errors.append((-1, error_from_request_error(response.error)))
+            return None
+        columns = response_columns(response, len(entries))
+        if columns is None:
+            _log.error(
+                "the server's answer does not describe %d trees; treating it as unavailable",
+                len(entries),
+            )
+            self._in_flight = entries
+            self.on_unavailable()
+            return None
+        roots, sizes, tokens, parents, scores = columns
+        errors = {e.index: e for e in response.errors} if len(response.errors) else None
+        trees = self._trees
+        resend: list[_Entry] = []
+        offset = 0
+        for i, e in enumerate(entries):
+            start = offset
+            offset += sizes[i]
+            error = errors.get(i) if errors else None
+            if error is not None:
+                self._failed(e, error, resend)
+                continue
+            tracked = e.tracked
+            if e.kind == _TRACKED and tracked is not None and not e.finished:  # the usual case
+                tracked.tokens.extend(e.new_tokens)
+            else:
+                self._applied(e)
+            if e.index >= 0:
+                trees[e.index] = server_tree(
+                    roots[i], tokens[start:offset], parents[start:offset], scores[start:offset]
+                )
+        return self._message(resend) if resend else None
+
+    def _applied(self, e: _Entry) -> None:
+        """The server applied an entry that is not a plain step of a tracked request."""
+        ledger = self._ledger
+        if e.kind == _OWED_END:
+            ledger.pending_ends.pop(e.request_id, None)
+            return
+        if e.kind == _START:
+            ledger.pending_ends.pop(e.request_id, None)
+            if not e.finished:
+                assert e.prompt is not None
+                ledger.active[e.request_id] = _Tracked(e.prompt + e.new_tokens, True)
+        elif e.tracked is not None:  # _TRACKED or _RESYNC
+            e.tracked.tokens.extend(e.new_tokens)
+            e.tracked.synced = True
+            if e.kind == _RESYNC and not e.finished:
+                ledger.resyncs += 1
+        if e.finished:
+            ledger.active.pop(e.request_id, None)
+
+    def _failed(self, e: _Entry, error: pb.RequestError, resend: list[_Entry]) -> None:
+        """The server refused an entry; its state there is unchanged."""
+        ledger = self._ledger
+        lost = error.code == pb.ERROR_CODE_UNKNOWN_REQUEST
+        if e.kind == _OWED_END:
+            ledger.pending_ends.pop(e.request_id, None)  # unknown or not: nothing to end
+        elif lost and e.kind in (_TRACKED, _RESYNC) and e.finished:
+            # Lost by the server, and over anyway.
+            ledger.pending_ends.pop(e.request_id, None)
+            ledger.active.pop(e.request_id, None)
+        elif lost and e.kind == _TRACKED:
+            # The server lost a request we track (it restarted): re-send it as a prompt now.
+            e.kind = _RESYNC
+            resend.append(e)
+        else:
+            self._errors.append((e.index, error_from_request_error(error)))
+
+    def on_unavailable(self) -> None:
+        """The message in flight may or may not have been applied: its requests are re-sent
+        as prompts (with reset) once the server answers again."""
+        entries = self._in_flight
+        self._in_flight = []
+        ledger = self._ledger
+        for e in entries:
+            if e.kind == _START:
+                if e.finished:
+                    ledger.owe_end(e.request_id)
+                else:
+                    assert e.prompt is not None
+                    ledger.active[e.request_id] = _Tracked(e.prompt + e.new_tokens, False)
+            elif e.kind in (_TRACKED, _RESYNC) and e.tracked is not None:
+                e.tracked.tokens.extend(e.new_tokens)
+                e.tracked.synced = False
+                if e.finished:
+                    ledger.active.pop(e.request_id, None)
+                    ledger.owe_end(e.request_id)
+
+    def unavailable_without_trying(self) -> None:
+        """The server is known to be down: the step is recorded without sending anything."""
+        self._in_flight = self._first
+        self.on_unavailable()
+
+    def refused(self, error: LookaheadError) -> LookaheadError:
+        """``error`` (the whole step was refused, nothing applied) with ``trees`` (all empty)
+        and ``index`` (-1) attached, as :meth:`result` attaches them."""
+        error.trees = [DraftTree.empty(r) for r in self._roots]  # type: ignore[attr-defined]
+        error.index = -1  # type: ignore[attr-defined]
+        return error
+
+    def result(self) -> list[DraftTree]:
+        """The trees, one per request (empty for requests without an answer).
+
+        Raises:
+            LookaheadError: the first request that failed (a subclass naming the field); its
+                ``trees`` attribute holds the trees of the step (empty for failed requests)
+                and ``index`` the failed request's index (-1: the whole step was refused).
+        """
+        trees = self._trees
+        if any(t is None for t in trees):
+            trees = [
+                t if t is not None else DraftTree.empty(r)
+                for t, r in zip(trees, self._roots, strict=True)
+            ]
+        if self._errors:
+            index, error = self._errors[0]
+            error.trees = trees  # type: ignore[attr-defined]
+            error.index = index  # type: ignore[attr-defined]
+            raise error
+        return trees  # type: ignore[return-value]

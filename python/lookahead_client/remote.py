@@ -1,0 +1,403 @@
+"""``RemoteDrafter``: the drafter of a ``lookahead-server``, over gRPC (synchronous client).
+
+It offers what ``EmbeddedDrafter`` offers (``start``, ``step``, ``end``, ``stats``, ``draft``,
+``append``, ``ingest``) and never lets the drafting service slow down or break the engine:
+
+* every step has a deadline (``timeout``); when it passes, or the server is unreachable, the
+  step returns empty drafts (the engine decodes normally) and the outage is logged once;
+  while the server is down, steps do not wait on the network (it is probed with a backoff);
+* the client remembers every token of its active requests, so when the server comes back
+  (possibly restarted, with no memory of them) it re-sends them and drafting resumes
+  (see ``_remote_ledger``);
+* it is fork-safe (a channel per process, rebuilt after ``fork``) and picklable (for
+  ``spawn``: only the settings travel);
+* bad input raises the typed exceptions of :mod:`lookahead_client.errors`, naming the field.
+
+Targets: ``host:port`` or ``unix:///path/to/socket``. The asyncio twin is
+:class:`lookahead_client.aio.AsyncRemoteDrafter`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
+from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
+from lookahead_client._remote_fallback import Availability
+from lookahead_client._remote_ledger import Ledger, StepPlan
+from lookahead_client._remote_wire import (
+    StepTimeout,
+    channel_options,
+    describe,
+    error_from_rpc,
+    ingest_messages,
+    is_transient,
+    normalize_target,
+    stats_dict,
+    status_code,
+)
+from lookahead_client.errors import InvalidArgumentError, LookaheadError
+from lookahead_client.types import DraftTree, StepRequest
+
+__all__ = ["RemoteDrafter", "RemoteSettings", "StepTimeout", "fork_generation"]
+
+_fork_generation = 0
+# Channels of a parent process, kept alive (unused) in a forked child: closing or collecting
+# them there is not safe.
+_abandoned: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """How many forks led to this process (changes in a forked child)."""
+    return _fork_generation
+
+
+def abandon(conn: object) -> None:
+    """Keeps a parent's connection alive, unused, in a forked child."""
+    if conn is not None:
+        _abandoned.append(conn)
+
+
+class RemoteSettings:
+    """The settings shared by :class:`RemoteDrafter` and ``AsyncRemoteDrafter``, and their
+    per-process state (what is rebuilt after fork or unpickling).
+
+    Args:
+        target: ``host:port`` or ``unix:///path/to/socket``.
+        namespace: the server namespace (one per model / tokenizer; never mix them).
+        timeout: the deadline of one step in seconds (``start``, ``append``, ``draft``,
+            ``end`` are steps too). Past it the step returns empty drafts.
+        connect_timeout: the deadline of the first step of a new channel, which also
+            connects (a refused connection fails at once; this bounds a slow one).
+        stream: step over one long-lived bidirectional stream instead of a call per step.
+        call_timeout: the deadline of ``stats``, ``info`` and ``ingest`` (None: no deadline).
+        max_message_bytes: the largest message sent or received.
+        min_backoff, max_backoff: how soon an unreachable server is tried again (seconds,
+            doubling from the first to the second).
+    """
+
+    _SETTINGS = (
+        "target",
+        "namespace",
+        "timeout",
+        "connect_timeout",
+        "stream",
+        "call_timeout",
+        "max_message_bytes",
+        "min_backoff",
+        "max_backoff",
+    )
+
+    def __init__(
+        self,
+        target: str,
+        namespace: str = "default",
+        timeout: float = 0.05,
+        *,
+        connect_timeout: float = 1.0,
+        stream: bool = False,
+        call_timeout: float | None = 60.0,
+        max_message_bytes: int = 64 << 20,
+        min_backoff: float = 0.05,
+        max_backoff: float = 2.0,
+    ) -> None:
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if not value > 0:
+                raise InvalidArgumentError(f"{name} must be > 0 seconds, got {value}", field=name)
+        self.target = normalize_target(target)
+        self.namespace = namespace
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.stream = stream
+        self.call_timeout = call_timeout
+        self.max_message_bytes = max_message_bytes
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._ledger = Ledger()
+        self._step_ids = itertools.count(1)
+        self._availability = self._new_availability()
+        self._generation = _fork_generation
+
+    def _new_availability(self) -> Availability:
+        return Availability(self.target, min_backoff=self.min_backoff, max_backoff=self.max_backoff)
+
+    def _forked(self) -> bool:
+        """True (once) in a forked child: the caller must drop the parent's connection."""
+        if self._generation == _fork_generation:
+            return False
+        self._generation = _fork_generation
+        self._availability = self._new_availability()
+        return True
+
+    def _plan(self, requests: Sequence[StepRequest]) -> StepPlan:
+        return self._ledger.plan(requests, self.namespace, next(self._step_ids))
+
+    def _channel_options(self) -> list[tuple[str, int | str]]:
+        return channel_options(self.target, self.max_message_bytes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._SETTINGS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.target!r}, namespace={self.namespace!r})"
+
+    def client_stats(self) -> dict[str, int | bool]:
+        """This client's own counters: availability, fallbacks, resynchronised requests."""
+        a = self._availability
+        return {
+            "available": a.up,
+            "fallback_steps": a.fallback_steps,
+            "outages": a.outages,
+            "resyncs": self._ledger.resyncs,
+            "active_requests": len(self._ledger.active),
+            "owed_ends": len(self._ledger.pending_ends),
+        }
+
+
+def rename_ingest_field(error: LookaheadError) -> LookaheadError:
+    """For a one-document ingest, names the field as ``EmbeddedDrafter.ingest`` does."""
+    if error.field and error.field.startswith("documents["):
+        error.field = "tokens"
+    return error
+
+
+class _StreamStepper:
+    """Steps over one long-lived StepStream: gRPC consumes a queue of requests, a reader
+    thread moves answers to a queue that a step waits on with its deadline."""
+
+    _CLOSE = object()
+
+    def __init__(self, stub: LookaheadStub) -> None:
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._call = stub.StepStream(iter(self._requests.get, self._CLOSE))
+        self.broken = False
+        threading.Thread(target=self._read, name="lookahead-stream-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self._call:
+                self._answers.put(answer)
+            self._answers.put(StepTimeout("the server closed the step stream"))
+        except grpc.RpcError as e:
+            self._answers.put(e)
+
+    def step(self, message: pb.StepRequest, timeout: float) -> pb.StepResponse:
+        self._requests.put(message)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise queue.Empty
+                answer = self._answers.get(timeout=remaining)
+            except queue.Empty:
+                raise StepTimeout() from None
+            if isinstance(answer, BaseException):
+                self.broken = True
+                raise answer
+            if answer.step_id == message.step_id:
+                return answer
+            # The late answer of a step this client gave up on: drop it.
+
+    def close(self) -> None:
+        self._requests.put(self._CLOSE)
+        self._call.cancel()
+
+
+class _Connection:
+    """The channel of one process."""
+
+    def __init__(self, target: str, options: list[tuple[str, int | str]], stream: bool) -> None:
+        self.channel = grpc.insecure_channel(target, options=options)
+        self.stub = LookaheadStub(self.channel)
+        self._stream = stream
+        self._stepper: _StreamStepper | None = None
+        #: No call has succeeded yet: the first one may include connecting.
+        self.fresh = True
+
+    def step(self, message: pb.StepRequest, timeout: float) -> pb.StepResponse:
+        if not self._stream:
+            return self.stub.Step(message, timeout=timeout)
+        if self._stepper is None or self._stepper.broken:
+            if self._stepper is not None:
+                self._stepper.close()
+            self._stepper = _StreamStepper(self.stub)
+        return self._stepper.step(message, timeout)
+
+    def close(self) -> None:
+        if self._stepper is not None:
+            self._stepper.close()
+        self.channel.close()
+
+
+class RemoteDrafter(RemoteSettings):
+    """The drafter of a ``lookahead-server`` namespace, with the interface of
+    ``EmbeddedDrafter`` (the ``Drafter`` protocol plus ``draft``, ``append`` and ``ingest``).
+
+    Arguments: see :class:`RemoteSettings`. Thread-safe (calls are serialised). Each process
+    (forked or spawned) gets its own channel and its own view of its requests.
+    """
+
+    def _init_process_state(self) -> None:
+        super()._init_process_state()
+        self._lock = threading.Lock()
+        self._conn: _Connection | None = None
+
+    def _connection(self) -> _Connection:
+        if self._forked():
+            # The parent's channel must not be used (nor closed) here.
+            abandon(self._conn)
+            self._conn = None
+        if self._conn is None:
+            self._conn = _Connection(self.target, self._channel_options(), self.stream)
+        return self._conn
+
+    def close(self) -> None:
+        """Closes the channel (a later call opens a new one)."""
+        with self._lock:
+            if self._conn is not None and not self._forked():
+                self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> RemoteDrafter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+        """One engine step: one tree per request, in order (empty trees if the server is
+        unavailable or too slow).
+
+        Raises:
+            LookaheadError: a request was refused (the subclass names the field); the
+                exception's ``trees`` holds the step's other trees and ``index`` the
+                request's index (-1: the whole step was refused).
+        """
+        with self._lock:
+            return self._drive(self._plan(requests))
+
+    def _drive(self, plan: StepPlan) -> list[DraftTree]:
+        if plan.empty:
+            return []
+        availability = self._availability
+        if not availability.should_try():
+            plan.unavailable_without_trying()
+            availability.skipped()
+            return plan.result()
+        message: pb.StepRequest | None = plan.first_message()
+        conn = self._connection()
+        # The first call of a channel also connects: it gets connect_timeout.
+        timeout = max(self.timeout, self.connect_timeout) if conn.fresh else self.timeout
+        deadline = time.monotonic() + timeout
+        while message is not None:
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StepTimeout()
+                response = conn.step(message, remaining)
+            except grpc.RpcError as e:
+                if not is_transient(e):
+                    raise plan.refused(error_from_rpc(e, "step")) from None
+                plan.on_unavailable()
+                availability.failed(describe(e))
+                return plan.result()
+            availability.succeeded()
+            conn.fresh = False
+            message = plan.on_response(response)
+        return plan.result()
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        """Begins a request with its prompt."""
+        self.step([StepRequest(request_id, prompt=prompt, budget=0)])
+
+    def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Appends tokens to an active request."""
+        self.step([StepRequest(request_id, new_tokens=tokens, budget=0)])
+
+    def draft(self, request_id: str, budget: int = 8) -> DraftTree:
+        """A draft tree of at most ``budget`` nodes for an active request."""
+        return self.step([StepRequest(request_id, budget=budget)])[0]
+
+    def end(self, request_id: str) -> None:
+        """Ends a request; its text stays available to later requests."""
+        self.step([StepRequest(request_id, budget=0, finished=True)])
+
+    # -- other calls ----------------------------------------------------------------------
+
+    def _call(self, what: str, method: str, request: Any, *, missing_ok: bool = False) -> Any:
+        """A plain call with ``call_timeout``; None for NOT_FOUND when ``missing_ok``."""
+        with self._lock:
+            stub = self._connection().stub
+        try:
+            return getattr(stub, method)(request, timeout=self.call_timeout)
+        except grpc.RpcError as e:
+            if missing_ok and status_code(e) == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise error_from_rpc(e, what) from None
+
+    def ingest(self, tokens: Sequence[int]) -> None:
+        """Bulk-loads one finished text into the namespace's shared statistics."""
+        try:
+            self.ingest_many([tokens])
+        except LookaheadError as e:
+            raise rename_ingest_field(e) from None
+
+    def ingest_many(
+        self, documents: Iterable[Sequence[int]], *, batch_tokens: int = 1 << 18
+    ) -> dict[str, int]:
+        """Bulk-loads finished texts (streamed in messages of about ``batch_tokens`` tokens).
+
+        Returns:
+            ``{"documents": n, "tokens": n}`` ingested by this call.
+        """
+        problems: list[LookaheadError] = []
+        messages = ingest_messages(self.namespace, documents, batch_tokens, problems)
+        response = self._call("ingest", "Ingest", messages)
+        if problems:
+            raise problems[0]
+        return {"documents": response.documents, "tokens": response.tokens}
+
+    def stats(self) -> dict[str, int | float]:
+        """The namespace's counters (all zero while the server has not created it)."""
+        request = pb.StatsRequest(namespace=self.namespace)
+        response = self._call("stats", "Stats", request, missing_ok=True)
+        return stats_dict(response if response is not None else pb.StatsResponse())
+
+    def info(self) -> dict[str, Any]:
+        """The server's version, limits and namespaces."""
+        response = self._call("info", "Info", pb.InfoRequest())
+        out = {f.name: getattr(response, f.name) for f in response.DESCRIPTOR.fields}
+        out["namespaces"] = list(response.namespaces)
+        return out
+
+    def client_stats(self) -> dict[str, int | bool]:
+        """This client's own counters: availability, fallbacks, resynchronised requests."""
+        with self._lock:
+            return super().client_stats()

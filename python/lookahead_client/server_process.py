@@ -1,0 +1,218 @@
+"""Runs a ``lookahead-server`` process (for tests, benchmarks and local setups).
+
+The binary is found, in order: the ``LOOKAHEAD_SERVER_BIN`` environment variable, the
+``lookahead-server`` console script on ``PATH``, then ``target/release/lookahead-server`` of
+the source tree. :class:`ServerProcess` starts it on a free TCP port of 127.0.0.1 and on a
+Unix socket, waits until gRPC health answers SERVING, and can stop, pause and restart it on
+the same addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+__all__ = ["ServerProcess", "find_server_binary", "free_tcp_port"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def find_server_binary() -> str:
+    """The path of the ``lookahead-server`` binary.
+
+    Raises:
+        FileNotFoundError: none was found (the message says how to get one).
+    """
+    explicit = os.environ.get("LOOKAHEAD_SERVER_BIN")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise FileNotFoundError(f"LOOKAHEAD_SERVER_BIN={explicit!r} is not an executable")
+        return explicit
+    on_path = shutil.which("lookahead-server")
+    if on_path:
+        return on_path
+    built = _REPO_ROOT / "target" / "release" / "lookahead-server"
+    if os.access(built, os.X_OK):
+        return str(built)
+    raise FileNotFoundError(
+        "no lookahead-server binary: set LOOKAHEAD_SERVER_BIN, install the package (console "
+        "script lookahead-server), or run `cargo build --release -p lookahead-server`"
+    )
+
+
+def free_tcp_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A ``lookahead-server`` child process listening on TCP and a Unix socket.
+
+    Args:
+        args: extra command-line arguments (``--max-budget 32``...).
+        binary: the binary (default: :func:`find_server_binary`).
+        tcp: listen on a free TCP port of 127.0.0.1.
+        unix: listen on a Unix socket in a private temporary directory.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        binary: str | None = None,
+        tcp: bool = True,
+        unix: bool = True,
+    ) -> None:
+        self.binary = binary or find_server_binary()
+        self.args = list(args)
+        self._dir = tempfile.TemporaryDirectory(prefix="lookahead-server-")
+        self.port = free_tcp_port() if tcp else None
+        self.socket_path = os.path.join(self._dir.name, "server.sock") if unix else None
+        self.log_path = os.path.join(self._dir.name, "server.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def tcp_target(self) -> str:
+        """``127.0.0.1:PORT``."""
+        if self.port is None:
+            raise ValueError("this server does not listen on TCP")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def unix_target(self) -> str:
+        """``unix:///path/to/server.sock``."""
+        if self.socket_path is None:
+            raise ValueError("this server does not listen on a Unix socket")
+        return f"unix://{self.socket_path}"
+
+    def command(self) -> list[str]:
+        """The command line the server runs with."""
+        cmd = [self.binary]
+        if self.port is not None:
+            cmd += ["--listen", self.tcp_target]
+        if self.socket_path is not None:
+            cmd += ["--listen", self.unix_target]
+        return cmd + self.args
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Starts the server and waits until it answers health checks."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("the server is already running")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self._wait_serving(timeout)
+        return self
+
+    def _wait_serving(self, timeout: float) -> None:
+        # grpcio-health-checking is a test/bench extra: import it only here.
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        target = self.tcp_target if self.port is not None else self.unix_target
+        options = [("grpc.default_authority", "localhost")] if self.port is None else []
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(target, options=options) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"lookahead-server exited with {self.process.returncode}:\n{self.log()}"
+                    )
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"lookahead-server not serving after {timeout} s:\n{self.log()}"
+                    )
+                time.sleep(0.02)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Sends ``sig`` and waits for the exit; returns the exit status."""
+        if self.process is None:
+            raise RuntimeError("the server was not started")
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise TimeoutError(
+                    f"lookahead-server ignored signal {sig}:\n{self.log()}"
+                ) from None
+        return self.process.returncode
+
+    def pause(self, timeout: float = 5.0) -> None:
+        """Freezes the server (SIGSTOP) and waits until it is stopped: connections stay open,
+        nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while self._state() != "T":
+            if time.monotonic() > deadline:
+                raise TimeoutError("lookahead-server did not stop on SIGSTOP")
+            time.sleep(0.001)
+
+    def _state(self) -> str:
+        """The process state letter of /proc/PID/stat (R, S, T...)."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+
+    def resume(self) -> None:
+        """Unfreezes a paused server (SIGCONT)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def restart(self, timeout: float = 30.0) -> ServerProcess:
+        """Stops the server (SIGTERM) and starts a fresh one on the same addresses."""
+        self.stop()
+        return self.start(timeout)
+
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        """Everything the server wrote (stdout and stderr)."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def close(self) -> None:
+        """Stops the server if it runs (resuming it first if paused) and removes its files."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGCONT)
+            self.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

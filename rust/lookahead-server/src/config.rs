@@ -1,0 +1,500 @@
+//! The server's settings: the command line (clap) and the [`ServerConfig`] it becomes.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use lookahead_core::DrafterConfig;
+
+use crate::error::ServerError;
+use crate::persistence::OnCorrupt;
+
+/// An address the server listens on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// `host:port` (a name, an IPv4 address, or `[v6]`); port 0 picks a free port.
+    Tcp(String),
+    /// A Unix domain socket path (`unix:///abs/path`, `unix:/abs/path` or `unix:rel/path`).
+    Unix(PathBuf),
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(rest) = s.strip_prefix("unix:") {
+            let path = match rest.strip_prefix("//") {
+                Some(abs) if abs.starts_with('/') => abs,
+                Some(_) => {
+                    return Err(format!(
+                        "{s:?}: unix:// needs an absolute path (unix:///path)"
+                    ));
+                }
+                None => rest,
+            };
+            if path.is_empty() {
+                return Err(format!("{s:?}: empty Unix socket path"));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let hostport = s.strip_prefix("tcp://").unwrap_or(s);
+        let Some((host, port)) = hostport.rsplit_once(':') else {
+            return Err(format!("{s:?}: expected host:port or unix:///path"));
+        };
+        if host.is_empty() {
+            return Err(format!(
+                "{s:?}: empty host (use 0.0.0.0:{port} for every interface)"
+            ));
+        }
+        if port.parse::<u16>().is_err() {
+            return Err(format!(
+                "{s:?}: port {port:?} is not a number from 0 to 65535"
+            ));
+        }
+        Ok(Self::Tcp(hostport.to_string()))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(hostport) => f.write_str(hostport),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How log lines are written (to stderr).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Parses a byte size: a plain number of bytes, or a number with one of the suffixes
+/// `K`, `M`, `G`, `T` (powers of 1000) or `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), with
+/// an optional trailing `B` for the decimal ones (`512MiB`, `4G`, `1.5GiB`).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a size such as 1073741824, 512MiB or 4GiB"))?;
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("{s:?}: unknown size unit {other:?}")),
+    };
+    let bytes = value * multiplier;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > usize::MAX as f64 {
+        return Err(format!("{s:?}: size out of range"));
+    }
+    Ok(bytes as usize)
+}
+
+/// The `lookahead-server` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lookahead-server",
+    version,
+    about = "Shared drafting service for lookahead (trie / n-gram) speculative decoding, over gRPC."
+)]
+pub struct Cli {
+    /// Address to listen on: host:port or unix:///path/to/socket. Repeat to listen on several.
+    #[arg(
+        long = "listen",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:50051"
+    )]
+    pub listen: Vec<ListenAddr>,
+
+    /// Memory budget of the whole server (e.g. 4GiB); every namespace gets an equal share,
+    /// budget / --max-namespaces.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub memory_budget: usize,
+
+    /// The most namespaces (one drafter each) the server creates.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_namespaces: usize,
+
+    /// Tokio worker threads; 0 means one per CPU.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub worker_threads: usize,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing EnvFilter syntax, e.g. info or lookahead_server=debug).
+    #[arg(
+        long,
+        value_name = "FILTER",
+        env = "LOOKAHEAD_LOG",
+        default_value = "info"
+    )]
+    pub log_level: String,
+
+    /// Largest draft budget (nodes per tree) accepted. Default: the core's.
+    #[arg(long, value_name = "N")]
+    pub max_budget: Option<usize>,
+
+    /// Depth of the shared n-gram trie. Default: the core's.
+    #[arg(long, value_name = "N")]
+    pub max_ngram: Option<usize>,
+
+    /// Token ids must be below this. Default: the core's.
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u32>,
+
+    /// Nodes whose path probability is below this are not proposed. Default: the core's.
+    #[arg(long, value_name = "P")]
+    pub min_score: Option<f32>,
+
+    /// Single-branch (chain) drafts instead of trees.
+    #[arg(long)]
+    pub chain: bool,
+
+    /// Most tokens (prompt + output) per request. Default: the core's.
+    #[arg(long, value_name = "N")]
+    pub max_request_tokens: Option<usize>,
+
+    /// Most requests in one step.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_requests_per_step: usize,
+
+    /// Largest gRPC message accepted or sent (e.g. 64MiB).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub max_message_bytes: usize,
+
+    /// Seconds given to open calls and streams to finish after SIGTERM / Ctrl-C.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub shutdown_grace: f64,
+
+    /// Most tokens (prompts plus new tokens) in one step.
+    #[arg(long, value_name = "N", default_value_t = 4 << 20)]
+    pub max_step_tokens: usize,
+
+    /// Most active requests per namespace; new prompts past it get RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub max_active_requests: usize,
+
+    /// Requests no step touched for this many seconds are ended (an engine that went away).
+    /// 0 disables it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub request_ttl: f64,
+
+    /// Directory of the namespaces' snapshot files: restored at start, written periodically
+    /// (--snapshot-interval) and on graceful shutdown. Without it nothing is persisted.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+
+    /// Seconds between periodic snapshots (0: only on graceful shutdown).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub snapshot_interval: f64,
+
+    /// What to do with a snapshot file that cannot be loaded: refuse to start, or move it
+    /// aside (*.corrupt) and start that namespace empty.
+    #[arg(long, value_enum, default_value_t = OnCorrupt::Fail)]
+    pub on_corrupt: OnCorrupt,
+
+    /// Serve Prometheus metrics over HTTP on host:port (GET /metrics).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+
+    /// Bearer tokens file: lines `TOKEN NAMESPACE[,NAMESPACE...]` or `TOKEN *`; `#` starts a
+    /// comment. Reloaded on SIGHUP and when the file changes. Without it no token is needed.
+    #[arg(long, value_name = "FILE")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Permission bits of the Unix sockets (octal).
+    #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
+    pub unix_socket_mode: u32,
+}
+
+/// Parses octal permission bits (`600`, `0660`).
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!("{s:?}: expected octal permission bits such as 600 or 660")),
+    }
+}
+
+/// Settings of persistence, expiry and the operational endpoints.
+#[derive(Clone, Debug, Default)]
+pub struct OpsConfig {
+    /// Snapshot directory (None: no persistence).
+    pub snapshot_dir: Option<PathBuf>,
+    /// Time between periodic snapshots (None: only on shutdown).
+    pub snapshot_interval: Option<Duration>,
+    /// What to do with a snapshot that cannot be loaded.
+    pub on_corrupt: OnCorrupt,
+    /// Idle time after which a request is ended (None: never).
+    pub request_ttl: Option<Duration>,
+    /// Address of the metrics endpoint.
+    pub metrics_listen: Option<String>,
+    /// Bearer tokens file.
+    pub auth_tokens: Option<PathBuf>,
+    /// Permission bits of the Unix sockets.
+    pub unix_socket_mode: u32,
+}
+
+/// Everything [`crate::run`] needs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Addresses to listen on (at least one).
+    pub listen: Vec<ListenAddr>,
+    /// Memory budget of the whole server in bytes, split equally among `max_namespaces`.
+    pub memory_budget_bytes: usize,
+    /// The most namespaces the server creates.
+    pub max_namespaces: usize,
+    /// Tokio worker threads (0: one per CPU).
+    pub worker_threads: usize,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax).
+    pub log_filter: String,
+    /// The drafter settings of every namespace; `memory_budget_bytes` is overwritten by the
+    /// namespace's share.
+    pub drafter: DrafterConfig,
+    /// Most requests in one step.
+    pub max_requests_per_step: usize,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Time given to open calls and streams to finish on shutdown.
+    pub shutdown_grace: Duration,
+    /// Most tokens in one step.
+    pub max_step_tokens: usize,
+    /// Most active requests per namespace.
+    pub max_active_requests: usize,
+    /// Persistence, expiry, metrics and access control.
+    pub ops: OpsConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: vec![ListenAddr::Tcp("127.0.0.1:50051".to_string())],
+            memory_budget_bytes: 1 << 30,
+            max_namespaces: 8,
+            worker_threads: 0,
+            log_format: LogFormat::Text,
+            log_filter: "info".to_string(),
+            drafter: DrafterConfig::default(),
+            max_requests_per_step: 4096,
+            max_message_bytes: 64 << 20,
+            shutdown_grace: Duration::from_secs(5),
+            max_step_tokens: 4 << 20,
+            max_active_requests: 65536,
+            ops: OpsConfig {
+                unix_socket_mode: 0o600,
+                ..OpsConfig::default()
+            },
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The memory budget of one namespace: the server's budget split equally.
+    pub fn namespace_memory_budget(&self) -> usize {
+        self.memory_budget_bytes / self.max_namespaces.max(1)
+    }
+
+    /// The drafter settings of one namespace (its share of the memory budget included).
+    pub fn namespace_drafter_config(&self) -> DrafterConfig {
+        DrafterConfig {
+            memory_budget_bytes: self.namespace_memory_budget(),
+            ..self.drafter.clone()
+        }
+    }
+
+    /// Checks the settings that the command line cannot check alone.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        let invalid = |field: &'static str, reason: String| ServerError::Config { field, reason };
+        if self.listen.is_empty() {
+            return Err(invalid("listen", "at least one address is needed".into()));
+        }
+        if self.max_namespaces == 0 {
+            return Err(invalid("max_namespaces", "must be at least 1".into()));
+        }
+        if self.max_requests_per_step == 0 {
+            return Err(invalid(
+                "max_requests_per_step",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.max_active_requests == 0 {
+            return Err(invalid("max_active_requests", "must be at least 1".into()));
+        }
+        if self.max_message_bytes < 1024 {
+            return Err(invalid(
+                "max_message_bytes",
+                format!(
+                    "{} bytes is too small (at least 1024)",
+                    self.max_message_bytes
+                ),
+            ));
+        }
+        if u32::try_from(self.drafter.max_budget).is_err() {
+            return Err(invalid("max_budget", "must fit in 32 bits".into()));
+        }
+        self.namespace_drafter_config()
+            .validate()
+            .map_err(ServerError::Drafter)
+    }
+}
+
+impl TryFrom<Cli> for ServerConfig {
+    type Error = ServerError;
+
+    fn try_from(cli: Cli) -> Result<Self, Self::Error> {
+        let defaults = DrafterConfig::default();
+        let seconds = |field: &'static str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(ServerError::Config {
+                    field,
+                    reason: format!("{v} is not a number of seconds >= 0"),
+                })
+            }
+        };
+        let shutdown_grace = seconds("shutdown_grace", cli.shutdown_grace)?;
+        let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+        let ops = OpsConfig {
+            snapshot_dir: cli.snapshot_dir,
+            snapshot_interval: nonzero(seconds("snapshot_interval", cli.snapshot_interval)?),
+            on_corrupt: cli.on_corrupt,
+            request_ttl: nonzero(seconds("request_ttl", cli.request_ttl)?),
+            metrics_listen: cli.metrics_listen,
+            auth_tokens: cli.auth_tokens,
+            unix_socket_mode: cli.unix_socket_mode,
+        };
+        let config = Self {
+            listen: cli.listen,
+            memory_budget_bytes: cli.memory_budget,
+            max_namespaces: cli.max_namespaces,
+            worker_threads: cli.worker_threads,
+            log_format: cli.log_format,
+            log_filter: cli.log_level,
+            drafter: DrafterConfig {
+                max_budget: cli.max_budget.unwrap_or(defaults.max_budget),
+                max_ngram: cli.max_ngram.unwrap_or(defaults.max_ngram),
+                vocab_size: cli.vocab_size.unwrap_or(defaults.vocab_size),
+                min_score: cli.min_score.unwrap_or(defaults.min_score),
+                chain: cli.chain || defaults.chain,
+                max_request_tokens: cli
+                    .max_request_tokens
+                    .unwrap_or(defaults.max_request_tokens),
+                ..defaults
+            },
+            max_requests_per_step: cli.max_requests_per_step,
+            max_message_bytes: cli.max_message_bytes,
+            shutdown_grace,
+            max_step_tokens: cli.max_step_tokens,
+            max_active_requests: cli.max_active_requests,
+            ops,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse() {
+        assert_eq!(
+            "127.0.0.1:50051".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("127.0.0.1:50051".into()))
+        );
+        assert_eq!(
+            "[::1]:0".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("[::1]:0".into()))
+        );
+        assert_eq!(
+            "tcp://localhost:9".parse::<ListenAddr>(),
+            Ok(ListenAddr::Tcp("localhost:9".into()))
+        );
+        assert_eq!(
+            "unix:///tmp/x.sock".parse::<ListenAddr>(),
+            Ok(ListenAddr::Unix("/tmp/x.sock".into()))
+        );
+        assert_eq!(
+            "unix:rel.sock".parse::<ListenAddr>(),
+            Ok(ListenAddr::Unix("rel.sock".into()))
+        );
+        for bad in [
+            "unix://rel",
+            "unix:",
+            "localhost",
+            ":80",
+            "host:99999",
+            "host:x",
+        ] {
+            assert!(
+                bad.parse::<ListenAddr>().is_err(),
+                "{bad} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn cli_builds_a_config_with_core_defaults() {
+        let cli = Cli::try_parse_from([
+            "lookahead-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "unix:///tmp/l.sock",
+            "--memory-budget",
+            "8MiB",
+            "--max-namespaces",
+            "4",
+            "--max-budget",
+            "32",
+        ])
+        .expect("parses");
+        let config = ServerConfig::try_from(cli).expect("valid");
+        assert_eq!(config.listen.len(), 2);
+        assert_eq!(config.namespace_memory_budget(), 2 << 20);
+        assert_eq!(config.drafter.max_budget, 32);
+        assert_eq!(config.drafter.max_ngram, DrafterConfig::default().max_ngram);
+    }
+
+    #[test]
+    fn zero_namespaces_is_refused_naming_the_field() {
+        let cli =
+            Cli::try_parse_from(["lookahead-server", "--max-namespaces", "0"]).expect("parses");
+        match ServerConfig::try_from(cli) {
+            Err(ServerError::Config { field, .. }) => assert_eq!(field, "max_namespaces"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Namespaces: one [`Drafter`] per namespace, created on first use up to a limit, each with
+//! a background thread that applies the shared-trie inserts a step left queued.
+//!
+//! Ordering guarantee: a step sees every insert of the steps of its namespace that were
+//! answered before it began. Inserts of a step are queued by [`Drafter::step_deferred`] and
+//! applied by the namespace's flush thread right after the answer was produced; a step that
+//! begins while a flush is queued or running waits for it (see [`Namespace::step`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+
+use lookahead_core::{ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepItem};
+use parking_lot::{Mutex, RwLock};
+
+use crate::metrics::NamespaceMetrics;
+use crate::persistence::Restored;
+
+/// The namespace used when a call names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The longest namespace name accepted, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 128;
+
+/// Why a namespace could not be used.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NamespaceError {
+    /// The name has characters outside `[A-Za-z0-9._-:/]` or is too long.
+    #[error(
+        "namespace {name:?} is invalid: use 1 to {MAX_NAMESPACE_LEN} bytes of letters, digits and \"._-:/\""
+    )]
+    InvalidName {
+        /// The name as given.
+        name: String,
+    },
+    /// Creating it would exceed `--max-namespaces`.
+    #[error(
+        "namespace {name:?} cannot be created: the server holds {limit} namespaces already (--max-namespaces)"
+    )]
+    LimitReached {
+        /// The name as given.
+        name: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// It does not exist (calls that need existing data do not create it).
+    #[error("namespace {name:?} does not exist")]
+    NotFound {
+        /// The name as given.
+        name: String,
+    },
+    /// The core refused the drafter settings.
+    #[error("namespace {name:?} cannot be created: {source}")]
+    Config {
+        /// The name as given.
+        name: String,
+        /// The core's error.
+        #[source]
+        source: ConfigError,
+    },
+}
+
+/// Resolves the name a call gave: empty means [`DEFAULT_NAMESPACE`]; others must be 1 to
+/// [`MAX_NAMESPACE_LEN`] bytes of `[A-Za-z0-9._-:/]`.
+pub fn resolve_name(name: &str) -> Result<&str, NamespaceError> {
+    if name.is_empty() {
+        return Ok(DEFAULT_NAMESPACE);
+    }
+    let valid_char =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/');
+    if name.len() > MAX_NAMESPACE_LEN || !name.chars().all(valid_char) {
+        return Err(NamespaceError::InvalidName {
+            name: name.to_string(),
+        });
+    }
+    Ok(name)
+}
+
+/// One namespace: its drafter and the thread that applies its deferred inserts.
+pub struct Namespace {
+    name: String,
+    drafter: Arc<Drafter>,
+    flush: FlushState,
+    wake: Option<SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+    metrics: NamespaceMetrics,
+}
+
+/// What the flush thread and the steps share.
+#[derive(Clone)]
+struct FlushState {
+    /// Held while inserts are applied; a step takes it to wait for a running flush.
+    gate: Arc<Mutex<()>>,
+    /// Inserts are queued in the drafter and not yet applied.
+    pending: Arc<AtomicBool>,
+}
+
+impl FlushState {
+    /// Applies the queued inserts, if any; waits for a flush in progress.
+    fn settle(&self, drafter: &Drafter) {
+        let _gate = self.gate.lock();
+        if self.pending.swap(false, Ordering::AcqRel) {
+            drafter.flush_inserts();
+        }
+    }
+}
+
+impl Namespace {
+    fn new(name: &str, config: DrafterConfig) -> Result<Self, NamespaceError> {
+        let drafter = Drafter::new(config).map_err(|source| NamespaceError::Config {
+            name: name.to_string(),
+            source,
+        })?;
+        Ok(Self::with_drafter(name, drafter))
+    }
+
+    /// A namespace over an existing drafter (one restored from a snapshot).
+    fn with_drafter(name: &str, drafter: Drafter) -> Self {
+        let drafter = Arc::new(drafter);
+        let flush = FlushState {
+            gate: Arc::new(Mutex::new(())),
+            pending: Arc::new(AtomicBool::new(false)),
+        };
+        // Capacity 1: wake-ups coalesce while a flush is queued.
+        let (wake, wakes) = mpsc::sync_channel::<()>(1);
+        let thread = {
+            let drafter = Arc::clone(&drafter);
+            let flush = flush.clone();
+            std::thread::Builder::new()
+                .name(format!("lookahead-flush-{name}"))
+                .spawn(move || {
+                    while wakes.recv().is_ok() {
+                        flush.settle(&drafter);
+                    }
+                })
+        };
+        // Without the thread the namespace still works: steps flush inline (see `step`).
+        let thread = match thread {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(namespace = name, error = %e, "no flush thread; inserts will be applied inline");
+                None
+            }
+        };
+        let wake = thread.as_ref().map(|_| wake);
+        Self {
+            name: name.to_string(),
+            drafter,
+            flush,
+            wake,
+            thread,
+            metrics: NamespaceMetrics::default(),
+        }
+    }
+
+    /// The namespace's counters for the metrics endpoint.
+    pub fn metrics(&self) -> &NamespaceMetrics {
+        &self.metrics
+    }
+
+    /// The learnt state as snapshot bytes (after the inserts of every answered step). Takes
+    /// only read locks of the drafter: steps go on meanwhile. CPU work: call it off the async
+    /// workers.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.flush.settle(&self.drafter);
+        self.drafter.snapshot()
+    }
+
+    /// Ends the requests no step touched for `max_idle`; returns how many.
+    pub fn expire_idle(&self, max_idle: std::time::Duration) -> usize {
+        self.drafter.expire_idle(max_idle)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespace's drafter.
+    pub fn drafter(&self) -> &Drafter {
+        &self.drafter
+    }
+
+    /// One engine step: waits for the inserts of earlier steps, drafts, and hands this step's
+    /// inserts to the flush thread (they are applied after the answer is produced).
+    pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
+        self.flush.settle(&self.drafter);
+        let results = self.drafter.step_deferred(items);
+        self.flush.pending.store(true, Ordering::Release);
+        match &self.wake {
+            Some(wake) => match wake.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => self.flush.settle(&self.drafter),
+            },
+            None => self.flush.settle(&self.drafter),
+        }
+        results
+    }
+
+    /// Ends a request if it is active (used to reset a request before restarting it).
+    /// Returns whether it was active.
+    pub fn end_if_active(&self, request_id: &str) -> Result<bool, DraftError> {
+        self.flush.settle(&self.drafter);
+        match self.drafter.end(request_id) {
+            Ok(()) => Ok(true),
+            Err(DraftError::UnknownRequest { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bulk-loads one finished text into the shared statistics.
+    pub fn ingest(&self, tokens: &[u32]) -> Result<(), DraftError> {
+        self.drafter.ingest(tokens)
+    }
+
+    /// The drafter's counters, after the inserts of every answered step.
+    pub fn stats(&self) -> Stats {
+        self.flush.settle(&self.drafter);
+        self.drafter.stats()
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        // Closing the channel ends the flush thread once its current flush is done.
+        self.wake = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!(namespace = %self.name, "the flush thread panicked");
+        }
+    }
+}
+
+/// Every namespace of the server.
+pub struct Namespaces {
+    map: RwLock<HashMap<String, Arc<Namespace>>>,
+    limit: usize,
+    config: DrafterConfig,
+}
+
+impl Namespaces {
+    /// An empty set that creates up to `limit` namespaces, each with `config` (which holds
+    /// the namespace's share of the memory budget).
+    pub fn new(config: DrafterConfig, limit: usize) -> Self {
+        Self {
+            map: RwLock::new(HashMap::new()),
+            limit,
+            config,
+        }
+    }
+
+    /// The drafter settings of every namespace.
+    pub fn drafter_config(&self) -> &DrafterConfig {
+        &self.config
+    }
+
+    /// The most namespaces created.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The namespace called `name` (empty: the default one) if it exists.
+    pub fn get(&self, name: &str) -> Result<Arc<Namespace>, NamespaceError> {
+        let name = resolve_name(name)?;
+        self.map
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| NamespaceError::NotFound {
+                name: name.to_string(),
+            })
+    }
+
+    /// The namespace called `name` (empty: the default one), created if needed.
+    pub fn get_or_create(&self, name: &str) -> Result<Arc<Namespace>, NamespaceError> {
+        let name = resolve_name(name)?;
+        if let Some(ns) = self.map.read().get(name) {
+            return Ok(Arc::clone(ns));
+        }
+        let mut map = self.map.write();
+        if let Some(ns) = map.get(name) {
+            return Ok(Arc::clone(ns));
+        }
+        if map.len() >= self.limit {
+            return Err(NamespaceError::LimitReached {
+                name: name.to_string(),
+                limit: self.limit,
+            });
+        }
+        let ns = Arc::new(Namespace::new(name, self.config.clone())?);
+        map.insert(name.to_string(), Arc::clone(&ns));
+        tracing::info!(namespace = name, count = map.len(), "namespace created");
+        Ok(ns)
+    }
+
+    /// Adds namespaces restored from snapshots (before serving). Names already present and
+    /// those past the limit are skipped with a warning.
+    pub fn restore(&self, restored: Vec<Restored>) {
+        let mut map = self.map.write();
+        for r in restored {
+            if map.contains_key(&r.namespace) || map.len() >= self.limit {
+                tracing::warn!(namespace = %r.namespace, "restored namespace skipped (duplicate or over --max-namespaces)");
+                continue;
+            }
+            let ns = Arc::new(Namespace::with_drafter(&r.namespace, r.drafter));
+            map.insert(r.namespace, ns);
+        }
+    }
+
+    /// Every namespace that exists, sorted by name.
+    pub fn all(&self) -> Vec<Arc<Namespace>> {
+        let mut all: Vec<Arc<Namespace>> = self.map.read().values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// The names of the namespaces that exist, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.map.read().keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item<'a>(
+        id: &'a str,
+        prompt: Option<&'a [u32]>,
+        new: &'a [u32],
+        budget: usize,
+    ) -> StepItem<'a> {
+        StepItem {
+            request_id: id,
+            prompt,
+            new_tokens: new,
+            accepted_last: None,
+            finished: false,
+            budget,
+        }
+    }
+
+    #[test]
+    fn names_resolve() {
+        assert_eq!(resolve_name(""), Ok(DEFAULT_NAMESPACE));
+        assert_eq!(resolve_name("qwen2.5/7b:v1"), Ok("qwen2.5/7b:v1"));
+        assert!(resolve_name("has space").is_err());
+        assert!(resolve_name(&"x".repeat(MAX_NAMESPACE_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn namespaces_are_created_up_to_the_limit_and_kept_apart() {
+        let set = Namespaces::new(DrafterConfig::default(), 2);
+        assert!(matches!(set.get("a"), Err(NamespaceError::NotFound { .. })));
+        let a = set.get_or_create("a").expect("created");
+        set.get_or_create("").expect("default created");
+        assert!(Arc::ptr_eq(&a, &set.get_or_create("a").expect("same")));
+        assert!(matches!(
+            set.get_or_create("c"),
+            Err(NamespaceError::LimitReached { limit: 2, .. })
+        ));
+        assert_eq!(set.names(), vec!["a".to_string(), "default".to_string()]);
+
+        let prompt = [1, 2, 3, 1, 2];
+        let results = a.step(&[item("r", Some(&prompt), &[], 4)]);
+        assert!(results[0].is_ok());
+        // The other namespace does not know the request.
+        let other = set.get("default").expect("exists");
+        let results = other.step(&[item("r", None, &[3], 4)]);
+        assert!(matches!(results[0], Err(DraftError::UnknownRequest { .. })));
+        assert_eq!(a.stats().active_requests, 1);
+        assert_eq!(other.stats().active_requests, 0);
+    }
+
+    #[test]
+    fn end_if_active_tells_whether_the_request_existed() {
+        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let ns = set.get_or_create("x").expect("created");
+        assert_eq!(ns.end_if_active("r"), Ok(false));
+        assert!(ns.step(&[item("r", Some(&[5, 6]), &[], 0)])[0].is_ok());
+        assert_eq!(ns.end_if_active("r"), Ok(true));
+        assert_eq!(ns.stats().active_requests, 0);
+    }
+}

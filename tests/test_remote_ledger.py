@@ -1,0 +1,179 @@
+"""The remote client's request ledger without a server: what a step sends, and how answers,
+lost requests and outages change what the next step sends."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
+from lookahead_client._remote_fallback import Availability
+from lookahead_client._remote_ledger import Ledger
+from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
+from lookahead_client.types import DraftTree, StepRequest
+
+
+def answer(
+    message: pb.StepRequest,
+    trees: dict[int, tuple[int, list[int]]] | None = None,
+    errors: dict[int, int] | None = None,
+) -> pb.StepResponse:
+    """A server answer to ``message``: chain trees {index: (root, tokens)}, errors
+    {index: code}; other requests get empty trees rooted at -1."""
+    trees, errors = trees or {}, errors or {}
+    response = pb.StepResponse(step_id=message.step_id)
+    for i in range(len(message.requests)):
+        root, tokens = trees.get(i, (-1, []))
+        response.roots.append(root)
+        response.sizes.append(len(tokens))
+        response.tokens.extend(tokens)
+        response.parents.extend(range(-1, len(tokens) - 1))
+        response.scores.extend([0.5] * len(tokens))
+        if i in errors:
+            response.errors.add(index=i, code=errors[i], field="request_id", message="lost")
+    return response
+
+
+def started(ledger: Ledger, rid: str, prompt: list[int]) -> None:
+    plan = ledger.plan([StepRequest(rid, prompt=prompt, budget=0)], "ns", 1)
+    assert plan.on_response(answer(plan.first_message())) is None
+    plan.result()
+
+
+def test_a_tracked_request_sends_only_its_new_tokens() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2, 3])
+    plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4, accepted_last=2)], "ns", 2)
+    message = plan.first_message()
+    item = message.requests[0]
+    assert (message.namespace, message.step_id) == ("ns", 2)
+    assert not item.HasField("prompt") and list(item.new_tokens) == [4]
+    assert (item.budget, item.accepted_last, item.reset) == (4, 2, False)
+    assert plan.on_response(answer(message, {0: (4, [5, 6])})) is None
+    assert plan.result() == [DraftTree(4, (5, 6), (-1, 0), (0.5, 0.5))]
+    assert ledger.active["a"].tokens == [1, 2, 3, 4]
+
+
+def test_a_lost_request_is_resent_within_the_step() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2, 3])
+    plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4)], "ns", 2)
+    first = plan.first_message()
+    again = plan.on_response(answer(first, errors={0: pb.ERROR_CODE_UNKNOWN_REQUEST}))
+    assert again is not None
+    item = again.requests[0]
+    assert list(item.prompt.tokens) == [1, 2, 3, 4] and item.reset and not item.new_tokens
+    assert plan.on_response(answer(again, {0: (4, [9])})) is None
+    assert plan.result()[0].tokens == (9,)
+    assert ledger.resyncs == 1 and ledger.active["a"].synced
+
+
+def test_after_an_outage_requests_are_resent_with_reset() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2])
+    plan = ledger.plan([StepRequest("a", new_tokens=[3], budget=4)], "ns", 2)
+    plan.first_message()
+    plan.on_unavailable()
+    assert plan.result() == [DraftTree.empty(3)]
+    # The tokens of the failed step are kept; the server's copy is in doubt.
+    plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4)], "ns", 3)
+    plan.unavailable_without_trying()
+    assert plan.result() == [DraftTree.empty(4)]
+    plan = ledger.plan([StepRequest("a", new_tokens=[5], budget=4)], "ns", 4)
+    item = plan.first_message().requests[0]
+    assert list(item.prompt.tokens) == [1, 2, 3, 4, 5] and item.reset
+    plan.on_response(answer(plan.first_message(), {0: (5, [])}))
+    plan.result()
+    assert ledger.active["a"].tokens == [1, 2, 3, 4, 5] and ledger.active["a"].synced
+
+
+def test_finishes_lost_in_an_outage_are_owed_and_sent_later() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2])
+    started(ledger, "b", [7])
+    plan = ledger.plan([StepRequest("a", budget=0, finished=True)], "ns", 2)
+    plan.first_message()
+    plan.on_unavailable()
+    assert "a" not in ledger.active and list(ledger.pending_ends) == ["a"]
+    plan = ledger.plan([StepRequest("b", new_tokens=[8], budget=2)], "ns", 3)
+    message = plan.first_message()
+    assert [(r.request_id, r.finished) for r in message.requests] == [("b", False), ("a", True)]
+    plan.on_response(answer(message, errors={1: pb.ERROR_CODE_UNKNOWN_REQUEST}))
+    assert len(plan.result()) == 1 and not ledger.pending_ends
+    # Restarting an id whose finish is owed replaces whatever the server holds.
+    ledger.owe_end("c")
+    plan = ledger.plan([StepRequest("c", prompt=[1], budget=0)], "ns", 4)
+    assert plan.first_message().requests[0].reset
+
+
+def test_refusals_raise_after_the_whole_step() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1])
+    plan = ledger.plan(
+        [
+            StepRequest("a", new_tokens=[2], budget=4),
+            StepRequest("ghost", new_tokens=[2], budget=4),
+        ],
+        "ns",
+        2,
+    )
+    plan.on_response(
+        answer(plan.first_message(), {0: (2, [3])}, errors={1: pb.ERROR_CODE_UNKNOWN_REQUEST})
+    )
+    with pytest.raises(UnknownRequestError) as info:
+        plan.result()
+    assert info.value.index == 1 and info.value.trees[0].tokens == (3,)
+    assert ledger.active["a"].tokens == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (StepRequest("a", new_tokens=[2**63]), "new_tokens"),
+        (StepRequest("a", new_tokens=["x"]), "new_tokens"),  # type: ignore[list-item]
+        (StepRequest("a", prompt=[-(2**64)]), "prompt"),
+        (StepRequest("a", budget=2**31), "budget"),
+    ],
+)
+def test_values_that_cannot_travel_are_refused_naming_the_field(
+    request_: StepRequest, field: str
+) -> None:
+    plan = Ledger().plan([request_], "ns", 1)
+    with pytest.raises(InvalidArgumentError) as info:
+        plan.first_message()
+    assert info.value.field == field
+
+
+def test_a_malformed_answer_counts_as_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1])
+    plan = ledger.plan([StepRequest("a", new_tokens=[2], budget=4)], "ns", 2)
+    plan.first_message()
+    with caplog.at_level(logging.ERROR):
+        assert plan.on_response(pb.StepResponse(roots=[1, 2], sizes=[0, 0])) is None
+    assert plan.result() == [DraftTree.empty(2)]
+    assert not ledger.active["a"].synced
+    assert "does not describe" in caplog.text
+
+
+def test_availability_backs_off_and_logs_transitions_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    a = Availability("t", min_backoff=0.1, max_backoff=0.4, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="lookahead_client.remote"):
+        a.failed("refused")
+        assert not a.should_try()
+        now[0] = 0.1
+        assert a.should_try()
+        a.failed("refused")  # backoff doubles: 0.2
+        now[0] = 0.25
+        assert not a.should_try()
+        a.failed("refused")  # 0.4, the maximum
+        a.failed("refused")
+        now[0] = 0.25 + 0.39
+        assert not a.should_try()
+        a.succeeded()
+        a.succeeded()
+    assert a.up and a.outages == 1 and a.fallback_steps == 4
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
