@@ -1,0 +1,265 @@
+"""Which tokens of each SGLang request the drafter already has, and what to send it next.
+
+SGLang's NGRAM worker shows a request to its corpus as its last few tokens only. The drafter
+gets the whole request instead: the prompt the first time the request is drafted, then each
+step the tokens appended since (accepted drafts, the model's own token, and under the overlap
+scheduler the not-yet-committed tokens SGLang splices in), the previous step's accepted count,
+and a finish when the request leaves the batch.
+
+A request's tokens are seen as three pieces (:class:`RequestView`): the prompt
+(``origin_input_ids_unpadded``), the committed outputs (``output_ids``) and the spliced tail.
+The book remembers how many tokens the drafter holds (``sent``) and sends the rest. When the
+drafter's copy is in doubt (a failed step, tokens that do not line up), the request is started
+again under a fresh drafter id with everything known, and the old id is finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lookahead_client.types import StepRequest
+
+__all__ = ["RequestView", "StepPlan", "RequestBook"]
+
+# After this many consecutive failed steps a request is no longer drafted (root-only trees).
+_MAX_FAILURES = 2
+# The most finishes kept for a drafter that keeps failing (the oldest are dropped).
+_MAX_OWED_ENDS = 4096
+
+
+class RequestView:
+    """The tokens of one request at one step: ``prompt + output + spliced``.
+
+    The pieces may be the engine's live sequences (SGLang appends to ``output_ids`` in
+    place); the view covers the first :attr:`total` tokens, counted when it is made.
+    """
+
+    __slots__ = ("rid", "prompt", "output", "spliced", "total", "_lens")
+
+    def __init__(
+        self, rid: str, prompt: Sequence[int], output: Sequence[int], spliced: Sequence[int] = ()
+    ) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.output = output
+        self.spliced = spliced
+        self._lens = (len(prompt), len(output), len(spliced))
+        #: The number of tokens known when the view was made.
+        self.total = sum(self._lens)
+
+    def tokens_from(self, start: int) -> list[int]:
+        """The tokens at positions ``start..total`` (only those are copied)."""
+        out: list[int] = []
+        offset = 0
+        for piece, n in zip((self.prompt, self.output, self.spliced), self._lens, strict=True):
+            if start < offset + n:
+                out.extend(piece[max(start - offset, 0) : n])
+            offset += n
+        return out
+
+    def generated(self) -> list[int]:
+        """Everything after the prompt."""
+        return self.tokens_from(self._lens[0])
+
+    def __repr__(self) -> str:
+        return f"RequestView({self.rid!r}, total={self.total})"
+
+
+@dataclass(slots=True)
+class _Tracked:
+    drafter_id: str
+    sent: int  # tokens of the request the drafter holds (prompt included)
+    fed_depth: int = -1  # depth of the drafter's tree SGLang got last; -1: none / fallback
+    fed_step: int = -1  # the step that tree was fed in
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """The drafter requests of one step and what is needed to commit their outcome.
+
+    ``requests`` holds first the finishes owed (``ends`` of them), then one entry per drafted
+    request; ``live[i]`` is the index in ``requests`` of the ``i``-th view's entry (-1: that
+    request is not drafted).
+    """
+
+    step: int
+    views: list[RequestView]
+    requests: list[StepRequest] = field(default_factory=list)
+    ends: int = 0
+    live: list[int] = field(default_factory=list)
+    starts: set[int] = field(default_factory=set)
+
+
+class RequestBook:
+    """The per-request state of one scheduler process's drafter client.
+
+    Only one plan is outstanding at a time (:meth:`plan`, then :meth:`commit` once its outcome
+    is known); :meth:`forget` may be called in between.
+
+    Args:
+        budget: the draft nodes asked for each request (SGLang's slots minus the root).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._tracked: dict[str, _Tracked] = {}
+        self._failures: dict[str, int] = {}
+        self._disabled: set[str] = set()
+        self._owed_ends: list[str] = []
+        # Requests that left while the last plan was outstanding.
+        self._gone: set[str] = set()
+        self._steps = itertools.count()
+        # Drafter ids are unique to this process, so that engines sharing one server never
+        # collide even when clients choose their own request ids.
+        self._prefix = uuid.uuid4().hex[:8]
+        self._generation = itertools.count(1)
+        #: Requests started again after their drafter state was in doubt.
+        self.resyncs = 0
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._tracked
+
+    @property
+    def disabled(self) -> int:
+        """Requests no longer drafted because the drafter kept refusing them."""
+        return len(self._disabled)
+
+    @property
+    def owed_ends(self) -> int:
+        """Finishes waiting for the next step."""
+        return len(self._owed_ends)
+
+    def _new_id(self, rid: str) -> str:
+        return f"{self._prefix}:{rid}:{next(self._generation)}"
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def plan(self, views: Sequence[RequestView]) -> StepPlan:
+        """The drafter requests for one step over ``views`` (one per request of the batch)."""
+        plan = StepPlan(step=next(self._steps), views=list(views))
+        self._gone.clear()
+        plan.requests = [StepRequest(i, budget=0, finished=True) for i in self._owed_ends]
+        plan.ends = len(self._owed_ends)
+        self._owed_ends = []
+        for i, view in enumerate(plan.views):
+            if view.rid in self._disabled:
+                plan.live.append(-1)
+                continue
+            t = self._tracked.get(view.rid)
+            if t is not None and t.sent > view.total:
+                self.resync(view.rid)  # fewer tokens than the drafter holds: our copy is wrong
+                t = None
+            plan.live.append(len(plan.requests))
+            if t is None:
+                plan.starts.add(i)
+                plan.requests.append(
+                    StepRequest(
+                        self._new_id(view.rid),
+                        new_tokens=view.generated(),
+                        budget=self.budget,
+                        prompt=list(view.prompt),
+                    )
+                )
+                continue
+            new = view.tokens_from(t.sent)
+            accepted = len(new) - 1
+            if t.fed_step != plan.step - 1 or not 0 <= accepted <= t.fed_depth:
+                accepted = -1
+            plan.requests.append(
+                StepRequest(
+                    t.drafter_id,
+                    new_tokens=new,
+                    budget=self.budget,
+                    accepted_last=accepted,
+                )
+            )
+        return plan
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+    def commit(self, plan: StepPlan, failed: frozenset[int] | None) -> None:
+        """Records what the drafter holds after ``plan`` ran.
+
+        A request the drafter refused on its own (an index in ``failed``) is started again;
+        refused again, it is no longer drafted. When the whole step failed (``failed`` is
+        None: the drafter crashed or was cut off) every request is started again and the
+        finishes are sent again, without counting against the requests.
+
+        Args:
+            plan: the step.
+            failed: indices into ``plan.requests`` whose drafter state is in doubt (None: all).
+        """
+        whole = failed is None
+        if whole:
+            self._owed_ends[:0] = [r.request_id for r in plan.requests[: plan.ends]]
+            del self._owed_ends[: max(0, len(self._owed_ends) - _MAX_OWED_ENDS)]
+        for i, view in enumerate(plan.views):
+            index = plan.live[i]
+            if index < 0:
+                continue
+            rid, request = view.rid, plan.requests[index]
+            bad = failed is None or index in failed
+            if i in plan.starts:
+                if bad or rid in self._gone:
+                    self._owed_ends.append(request.request_id)  # it may hold part of it
+                    if bad and not whole:
+                        self._failed(rid)
+                    continue
+                self._tracked[rid] = _Tracked(request.request_id, view.total)
+            else:
+                t = self._tracked.get(rid)
+                if t is None or t.drafter_id != request.request_id:
+                    continue  # it left (or was restarted) while the step ran
+                if bad:
+                    if whole:
+                        self.resync(rid)
+                    else:
+                        self._failed(rid)
+                    continue
+                t.sent = view.total
+            self._failures.pop(rid, None)
+
+    def _failed(self, rid: str) -> None:
+        n = self._failures[rid] = self._failures.get(rid, 0) + 1
+        if n >= _MAX_FAILURES:
+            self.forget(rid)
+            self._disabled.add(rid)  # the drafter keeps refusing it: decode it plainly
+        else:
+            self.resync(rid)
+
+    def resync(self, rid: str) -> None:
+        """The drafter's copy of ``rid`` is in doubt: finish it, start it again next step."""
+        if rid in self._tracked:
+            self._release(rid)
+            self.resyncs += 1
+
+    def fed(self, plan: StepPlan, index: int, depth: int) -> None:
+        """SGLang got, for the ``index``-th view of ``plan``, a drafter tree of ``depth``
+        levels (-1: a root-only fallback instead)."""
+        t = self._tracked.get(plan.views[index].rid)
+        if t is not None:
+            t.fed_depth, t.fed_step = depth, plan.step
+
+    def _release(self, rid: str) -> None:
+        t = self._tracked.pop(rid, None)
+        if t is not None:
+            self._owed_ends.append(t.drafter_id)
+
+    def forget(self, rid: str) -> None:
+        """The request left: its drafter id is finished with the next step."""
+        if rid not in self._tracked:
+            self._gone.add(rid)
+        self._release(rid)
+        self._disabled.discard(rid)
+        self._failures.pop(rid, None)
+
+    def forget_all(self) -> None:
+        """Every request left (SGLang flushed its cache)."""
+        for rid in list(self._tracked) + list(self._disabled):
+            self.forget(rid)

@@ -1,0 +1,152 @@
+"""What the SGLang integration needs to know: which drafter, and how long a step may wait.
+
+A :class:`LookaheadConfig` travels from the process that launches SGLang to every scheduler
+process it spawns (pickled with the scheduler entry function, or as the ``LOOKAHEAD_SGLANG``
+environment variable for the plugin path), where it builds the drafter. It imports neither
+SGLang nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.types import Drafter
+
+__all__ = ["ENV_VAR", "LookaheadConfig"]
+
+#: The environment variable that carries a config to SGLang's plugin hook (JSON).
+ENV_VAR = "LOOKAHEAD_SGLANG"
+
+# The embedded drafter's default token-id bound; a model with a larger vocabulary raises it.
+_DEFAULT_VOCAB_BOUND = 1 << 24
+# The embedded drafter's default request-length bound; a longer context raises it.
+_DEFAULT_REQUEST_BOUND = 1 << 20
+# The smallest draft budget the embedded drafter is built for (SGLang asks for num_slots - 1).
+_MIN_MAX_BUDGET = 64
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Where a SGLang scheduler takes its drafts from.
+
+    Attributes:
+        target: ``host:port`` or ``unix:///path`` of a ``lookahead-server``; None builds an
+            embedded drafter inside each scheduler process.
+        namespace: the server namespace (one per model / tokenizer; remote drafter only).
+        timeout: the deadline of one drafting step in seconds. Past it the step gets
+            root-only trees (plain decoding) and the late answer is used when it arrives.
+        memory_budget_bytes: memory of the embedded drafter (per scheduler process).
+        max_ngram: n-gram depth of the embedded drafter's shared trie.
+        min_score: the embedded drafter drops nodes less likely to be accepted than this.
+        chain: the embedded drafter proposes single-branch drafts instead of trees.
+        token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
+            over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
+    """
+
+    target: str | None = None
+    namespace: str = "default"
+    timeout: float = 0.05
+    memory_budget_bytes: int = 1 << 30
+    max_ngram: int = 16
+    min_score: float = 0.02
+    chain: bool = False
+    token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.target is not None and not self.target.strip():
+            raise InvalidArgumentError("target must not be empty (None: embedded)", field="target")
+        if not self.namespace:
+            raise InvalidArgumentError("namespace must not be empty", field="namespace")
+        if not self.timeout > 0:
+            raise InvalidArgumentError(
+                f"timeout must be > 0 seconds, got {self.timeout}", field="timeout"
+            )
+        if self.memory_budget_bytes <= 0:
+            raise InvalidArgumentError(
+                f"memory_budget_bytes must be > 0, got {self.memory_budget_bytes}",
+                field="memory_budget_bytes",
+            )
+        if self.max_ngram < 1:
+            raise InvalidArgumentError(
+                f"max_ngram must be >= 1, got {self.max_ngram}", field="max_ngram"
+            )
+        if not 0.0 <= self.min_score < 1.0:
+            raise InvalidArgumentError(
+                f"min_score must be in [0, 1), got {self.min_score}", field="min_score"
+            )
+
+    @property
+    def embedded(self) -> bool:
+        """True when drafts come from an in-process drafter (no ``target``)."""
+        return self.target is None
+
+    def describe(self) -> str:
+        """One line for logs: which drafter this config builds."""
+        if self.embedded:
+            return f"embedded drafter ({self.memory_budget_bytes >> 20} MiB)"
+        return f"lookahead-server {self.target} (namespace {self.namespace!r})"
+
+    def build_drafter(self, *, num_slots: int, vocab_size: int, context_len: int = 0) -> Drafter:
+        """The drafter of one scheduler process.
+
+        Args:
+            num_slots: SGLang's ``speculative_num_draft_tokens`` (the root included); drafts
+                have at most ``num_slots - 1`` nodes.
+            vocab_size: the target model's vocabulary size.
+            context_len: the target model's context length (the embedded drafter accepts
+                requests at least that long).
+        """
+        if self.embedded:
+            from lookahead_client.embedded import EmbeddedDrafter
+
+            return EmbeddedDrafter(
+                memory_budget_bytes=self.memory_budget_bytes,
+                max_ngram=self.max_ngram,
+                max_budget=max(_MIN_MAX_BUDGET, num_slots - 1),
+                min_score=self.min_score,
+                chain=self.chain,
+                vocab_size=max(_DEFAULT_VOCAB_BOUND, vocab_size),
+                max_request_tokens=max(_DEFAULT_REQUEST_BOUND, context_len + num_slots),
+            )
+        from lookahead_client.remote import RemoteDrafter
+
+        return RemoteDrafter(
+            self.target, namespace=self.namespace, timeout=self.timeout, token=self.token
+        )
+
+    # -- the environment-variable form (SGLang's plugin path) ------------------------------
+
+    def to_env(self) -> str:
+        """The JSON form carried by :data:`ENV_VAR`."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LookaheadConfig:
+        """Parses :meth:`to_env`'s form (unknown keys are refused, naming them).
+
+        Raises:
+            InvalidArgumentError: not a JSON object, an unknown key, or a bad value.
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidArgumentError(f"{ENV_VAR} is not JSON: {e}", field=ENV_VAR) from None
+        if not isinstance(data, dict):
+            raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object", field=ENV_VAR)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidArgumentError(
+                f"{ENV_VAR} has unknown keys {unknown}; known: {sorted(known)}",
+                field=unknown[0],
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LookaheadConfig | None:
+        """The config in :data:`ENV_VAR`, or None when it is unset or empty."""
+        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+        return cls.from_json(text) if text else None

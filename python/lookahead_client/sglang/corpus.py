@@ -1,0 +1,384 @@
+"""A lookahead drafter behind the face of SGLang's ``NgramCorpus``.
+
+:class:`DrafterCorpus` offers the methods SGLang 0.5.23's ``NGRAMWorker`` calls on its corpus
+(``batch_get``, ``batch_put``, ``synchronize``, ``reset``, ``erase_match_state`` and the
+external-corpus ones) and answers ``batch_get`` with exactly the arrays the C++ corpus returns:
+flat int64 ``tokens`` ``[bs * d]`` (slot 0 the last context token, nodes in BFS order,
+padding token 0 under the root) and flat int64 ``mask`` ``[bs * d * d]`` (row ``i`` marks
+``i`` and its ancestors). SGLang's tree construction, FlashInfer verification and sampling use
+them unchanged.
+
+Unlike the C++ corpus it drafts from the whole request: the worker attaches the batch's
+``Req`` objects before each ``batch_get`` (see :mod:`.worker`), and :class:`.book.RequestBook`
+turns them into drafter steps. Nothing here raises into SGLang: every drafter failure, deadline
+or inconsistency gives root-only trees (plain decoding) for the requests concerned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.sglang.book import RequestBook, RequestView, StepPlan
+from lookahead_client.sglang.guard import DraftGuard, Outcome
+from lookahead_client.tree import pack_trees
+from lookahead_client.types import DraftTree
+
+__all__ = ["DrafterCorpus", "Share", "StepContext", "broadcast_share"]
+
+_log = logging.getLogger("lookahead_client.sglang")
+
+#: Moves one step's ``(tokens, mask)`` from the drafting rank to the others: called with the
+#: arrays on the drafting rank, with None on the others; returns the arrays on every rank.
+Share = Callable[[tuple[np.ndarray, np.ndarray] | None], tuple[np.ndarray, np.ndarray]]
+
+
+def broadcast_share(rank: int, src: int, cpu_group: Any) -> Share:
+    """A :data:`Share` over a ``torch.distributed`` CPU (gloo) group.
+
+    Args:
+        rank: this process's global rank.
+        src: the global rank that drafts (the group's first).
+        cpu_group: the process group (SGLang's TP ``cpu_group``).
+    """
+    import torch.distributed as dist
+
+    drafts_here = rank == src
+
+    def share(arrays: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+        box = [arrays if drafts_here else None]
+        dist.broadcast_object_list(box, src=src, group=cpu_group)
+        return box[0]
+
+    return share
+
+
+class StepContext:
+    """What the worker knows at ``batch_get`` time that the corpus API does not carry.
+
+    Args:
+        reqs: the batch's SGLang ``Req`` objects, in batch order.
+        spliced: returns SGLang's staging of the previous round's accepted tokens
+            (``NGRAMWorker.prev_token_ids``, ``stride`` entries per request), which the worker
+            fills in during the lookup, hence read when needed.
+        stride: ``speculative_num_draft_tokens``.
+    """
+
+    __slots__ = ("reqs", "spliced", "stride")
+
+    def __init__(
+        self, reqs: Sequence[Any], spliced: Callable[[], Sequence[int]], stride: int
+    ) -> None:
+        self.reqs = reqs
+        self.spliced = spliced
+        self.stride = stride
+
+
+class _WarnOnce:
+    """Logs each kind of problem once as a warning, then at debug level."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, kind: str, message: str, *args: object) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if kind in self._seen:
+            _log.debug(message, *args)
+        else:
+            self._seen.add(kind)
+            _log.warning(message + " (logged once)", *args)
+
+
+def _level_order(tree: DraftTree) -> DraftTree:
+    """The tree with its nodes level by level (SGLang's corpus layout); the order within a
+    level is kept. A drafter may list nodes best-first, which only puts parents first."""
+    depths = tree.depths()
+    if all(a <= b for a, b in zip(depths, depths[1:], strict=False)):
+        return tree
+    order = sorted(range(len(tree)), key=depths.__getitem__)
+    slot = {old: new for new, old in enumerate(order)}
+    return DraftTree(
+        tree.root,
+        tuple(tree.tokens[i] for i in order),
+        tuple(-1 if tree.parents[i] < 0 else slot[tree.parents[i]] for i in order),
+        tuple(tree.scores[i] for i in order),
+    )
+
+
+class DrafterCorpus:
+    """SGLang's ``NgramCorpus`` interface over a lookahead drafter.
+
+    Args:
+        num_slots: ``d``, SGLang's ``speculative_num_draft_tokens`` (the root included).
+        guard: the drafter behind its deadline; None on tensor-parallel ranks that receive
+            their drafts from the drafting rank (``share``).
+        vocab_size: drafts with a token id outside ``[0, vocab_size)`` are dropped.
+        share: for tensor parallelism, see :data:`Share`; None with one rank.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_slots: int,
+        guard: DraftGuard | None,
+        vocab_size: int,
+        share: Share | None = None,
+    ) -> None:
+        if num_slots < 1:
+            raise InvalidArgumentError(
+                f"num_slots must be >= 1, got {num_slots}", field="num_slots"
+            )
+        if guard is None and share is None:
+            raise InvalidArgumentError(
+                "a corpus needs a drafter or a rank to share with", field="guard"
+            )
+        self.num_slots = num_slots
+        self.guard = guard
+        self.vocab_size = vocab_size
+        self._share = share
+        self.book = RequestBook(budget=num_slots - 1)
+        self._context: StepContext | None = None
+        self._warn = _WarnOnce()
+        self._corpora: dict[str, int] = {}
+        self.steps = 0
+        self.drafted_requests = 0
+        self.draft_nodes = 0
+        self.fallback_requests = 0
+
+    # -- per-step context (set by the worker) ---------------------------------------------
+
+    def attach(self, context: StepContext | None) -> None:
+        """Sets (or clears, with None) the batch the next ``batch_get`` is about."""
+        self._context = context
+
+    # -- NgramCorpus's interface ------------------------------------------------------------
+
+    def batch_get(
+        self,
+        req_ids: Sequence[str],
+        batch_tokens: Sequence[Sequence[int]],
+        total_lens: Sequence[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One step's drafts as SGLang's flat ``(tokens, mask)`` int64 arrays.
+
+        Args:
+            req_ids: the batch's request ids.
+            batch_tokens: the last tokens of each request (what SGLang's corpus matches on);
+                the last one is the root of the request's tree.
+            total_lens: the number of tokens of each request, spliced tokens included.
+        """
+        if self.guard is None:
+            assert self._share is not None
+            return self._share(None)
+        roots = [int(t[-1]) if len(t) else 0 for t in batch_tokens]
+        try:
+            arrays = self._pack(self._draft(req_ids, batch_tokens, total_lens, roots), roots)
+        except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
+            self._warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
+            arrays = self._pack([DraftTree.empty()] * len(roots), roots)
+        return self._share(arrays) if self._share is not None else arrays
+
+    def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
+        """Nothing: the drafter gets each request's new tokens with the next ``batch_get``."""
+
+    def synchronize(self) -> None:
+        """Nothing: there is no background insertion to wait for."""
+
+    def reset(self) -> None:
+        """SGLang flushed its cache: every request is finished (the shared statistics stay)."""
+        self.book.forget_all()
+
+    def erase_match_state(self, req_ids: Sequence[str]) -> None:
+        """Requests left the decode batch: they are finished with the next step."""
+        for rid in req_ids:
+            self.book.forget(rid)
+
+    # -- external corpora (SGLang's /add_external_corpus...) --------------------------------
+
+    def load_external_corpus_named(self, corpus_id: str, chunks) -> int:
+        """Ingests token chunks into the drafter's shared statistics; returns the tokens read.
+
+        Raises:
+            ValueError: ``corpus_id`` was loaded already.
+        """
+        if corpus_id in self._corpora:
+            raise ValueError(f"External corpus '{corpus_id}' already exists.")
+        drafter = self.guard.drafter if self.guard is not None else None
+        loaded = 0
+        for chunk in chunks:
+            tokens = [int(t) for t in chunk]
+            if drafter is not None and tokens:
+                drafter.ingest(tokens)  # type: ignore[attr-defined]
+            loaded += len(tokens)
+        return loaded
+
+    def commit_external_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
+        """Remembers a loaded corpus (for :meth:`list_external_corpora`)."""
+        self._corpora[corpus_id] = loaded_token_count
+
+    def remove_external_corpus(self, corpus_id: str) -> None:
+        """Refused: text ingested into lookahead's shared statistics cannot be taken out.
+
+        Raises:
+            ValueError: always (SGLang reports it to the caller).
+        """
+        raise ValueError(
+            f"cannot remove external corpus '{corpus_id}': lookahead keeps ingested text in "
+            "its shared statistics (restart the drafter, or use a fresh namespace)"
+        )
+
+    def list_external_corpora(self) -> dict[str, int]:
+        """The corpora loaded through this corpus, with their token counts."""
+        return dict(self._corpora)
+
+    # -- drafting ---------------------------------------------------------------------------
+
+    def _views(
+        self,
+        req_ids: Sequence[str],
+        batch_tokens: Sequence[Sequence[int]],
+        total_lens: Sequence[int],
+    ) -> list[RequestView | None]:
+        """Each request's whole token sequence, checked against what SGLang passed (None
+        where they disagree)."""
+        context = self._context
+        bs = len(req_ids)
+        if context is None or len(context.reqs) != bs:
+            self._warn("context", "lookahead got no batch for a corpus lookup; no drafts")
+            return [None] * bs
+        spliced = context.spliced() or ()
+        views: list[RequestView | None] = []
+        for i, req in enumerate(context.reqs):
+            prompt, output = req.origin_input_ids_unpadded, req.output_ids
+            k = int(total_lens[i]) - len(prompt) - len(output)
+            base = i * context.stride
+            available = max(0, min(context.stride, len(spliced) - base))
+            if req.rid != req_ids[i] or not 0 <= k <= available:
+                views.append(None)
+                continue
+            view = RequestView(req.rid, prompt, output, spliced[base : base + k])
+            tail = batch_tokens[i]
+            if view.tokens_from(view.total - len(tail)) != [int(t) for t in tail]:
+                views.append(None)
+                continue
+            views.append(view)
+        return views
+
+    def _draft(
+        self,
+        req_ids: Sequence[str],
+        batch_tokens: Sequence[Sequence[int]],
+        total_lens: Sequence[int],
+        roots: list[int],
+    ) -> list[DraftTree]:
+        """One tree per request; empty trees where there is no usable draft."""
+        guard = self.guard
+        assert guard is not None
+        self.steps += 1
+        bs = len(req_ids)
+        empty = [DraftTree.empty()] * bs
+        for plan, outcome in guard.collect():
+            self._commit(plan, outcome)
+        if not guard.ready:
+            guard.skip()
+            return empty
+        views = self._views(req_ids, batch_tokens, total_lens)
+        for i, view in enumerate(views):
+            if view is None:
+                self._warn(
+                    "mismatch",
+                    "request %s: SGLang's tokens do not match lookahead's "
+                    "view of the request; it is started again",
+                    req_ids[i],
+                )
+                self.book.resync(req_ids[i])
+        known = [i for i, v in enumerate(views) if v is not None]
+        plan = self.book.plan([views[i] for i in known])
+        if not plan.requests:
+            return empty
+        outcome = guard.run(plan.requests, token=plan)
+        if outcome.late:
+            return empty
+        self._commit(plan, outcome)
+        if outcome.trees is None:
+            return empty
+        trees = list(empty)
+        for j, i in enumerate(known):
+            index = plan.live[j]
+            if index < 0 or (outcome.failed and index in outcome.failed):
+                self.book.fed(plan, j, -1)
+                continue
+            tree = self._checked(outcome.trees[index], roots[i], req_ids[i])
+            self.book.fed(plan, j, tree.depth if tree is not None else -1)
+            if tree is not None:
+                trees[i] = tree
+        return trees
+
+    def _commit(self, plan: StepPlan, outcome: Outcome) -> None:
+        self.book.commit(plan, outcome.failed)
+
+    def _checked(self, tree: DraftTree, root: int, rid: str) -> DraftTree | None:
+        """The tree if it can be fed to SGLang as it is, else None (root-only instead)."""
+        if not isinstance(tree, DraftTree):
+            self._warn(
+                "tree", "the drafter returned %s instead of a DraftTree", type(tree).__name__
+            )
+            return None
+        if tree.root not in (-1, root):
+            self._warn(
+                "root",
+                "request %s: the drafter's tree hangs under %d, not under the "
+                "last token %d; it is started again",
+                rid,
+                tree.root,
+                root,
+            )
+            self.book.resync(rid)
+            return None
+        n = min(len(tree), self.num_slots - 1)
+        if any(not 0 <= t < self.vocab_size for t in tree.tokens[:n]):
+            self._warn(
+                "vocab",
+                "the drafter proposed token ids outside the model's vocabulary "
+                "(%d); wrong namespace?",
+                self.vocab_size,
+            )
+            return None
+        if n < len(tree):
+            tree = DraftTree(tree.root, tree.tokens[:n], tree.parents[:n], tree.scores[:n])
+        return _level_order(tree)
+
+    def _pack(self, trees: list[DraftTree], roots: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """SGLang's flat arrays, with the C++ corpus's dtypes (int64 tokens and mask)."""
+        tokens, mask = pack_trees(trees, self.num_slots, roots=roots)
+        nodes = sum(len(t) for t in trees)
+        drafted = sum(1 for t in trees if len(t))
+        self.draft_nodes += nodes
+        self.drafted_requests += drafted
+        self.fallback_requests += len(trees) - drafted
+        return tokens.astype(np.int64, copy=False), mask.astype(np.int64)
+
+    # -- observability ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int | bool]:
+        """Counters of this process's drafting (steps, drafts, fallbacks, resyncs...)."""
+        out: dict[str, int | bool] = {
+            "steps": self.steps,
+            "drafted_requests": self.drafted_requests,
+            "draft_nodes": self.draft_nodes,
+            "empty_requests": self.fallback_requests,
+            "tracked_requests": len(self.book),
+            "resyncs": self.book.resyncs,
+            "disabled_requests": self.book.disabled,
+            "owed_ends": self.book.owed_ends,
+        }
+        for kind, count in self._warn.counts.items():
+            out[f"problems_{kind}"] = count
+        if self.guard is not None:
+            out.update(self.guard.stats())
+        return out

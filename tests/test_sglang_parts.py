@@ -1,0 +1,367 @@
+"""The SGLang integration's parts that need no SGLang: the request book, the drafter guard,
+the config and the launcher flags. (``test_sglang.py`` runs them inside SGLang's worker.)"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from lookahead_client import EmbeddedDrafter
+from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
+from lookahead_client.remote import RemoteDrafter
+from lookahead_client.sglang.args import split_argv
+from lookahead_client.sglang.book import RequestBook, RequestView
+from lookahead_client.sglang.config import ENV_VAR, LookaheadConfig
+from lookahead_client.sglang.corpus import _level_order
+from lookahead_client.sglang.guard import DraftGuard
+from lookahead_client.types import DraftTree, StepRequest
+
+# -- the request book ------------------------------------------------------------------------
+
+
+def test_book_starts_with_the_prompt_then_sends_only_new_tokens_with_feedback():
+    book = RequestBook(budget=7)
+    output: list[int] = [5]
+    plan = book.plan([RequestView("a", [1, 2, 3, 4], output, [6])])
+    (start,) = plan.requests
+    assert list(start.prompt) == [1, 2, 3, 4] and list(start.new_tokens) == [5, 6]
+    assert start.budget == 7 and start.accepted_last == -1
+    book.commit(plan, frozenset())
+    book.fed(plan, 0, depth=3)
+
+    output += [6, 7, 8]  # committed since, plus two spliced tokens
+    plan = book.plan([RequestView("a", [1, 2, 3, 4], output, [9, 10])])
+    (step,) = plan.requests
+    assert step.request_id == start.request_id and step.prompt is None
+    assert list(step.new_tokens) == [7, 8, 9, 10] and step.accepted_last == 3
+    book.commit(plan, frozenset())
+    # Not fed last step (a fallback): no feedback.
+    book.fed(plan, 0, depth=-1)
+    plan = book.plan([RequestView("a", [1, 2, 3, 4], output + [9, 10, 11])])
+    assert plan.requests[0].accepted_last == -1
+
+
+def test_book_feedback_is_unknown_when_more_was_appended_than_the_tree_held():
+    book = RequestBook(budget=7)
+    plan = book.plan([RequestView("a", [1, 2], [3])])
+    book.commit(plan, frozenset())
+    book.fed(plan, 0, depth=1)
+    plan = book.plan([RequestView("a", [1, 2], [3, 4, 5, 6])])
+    assert plan.requests[0].accepted_last == -1
+
+
+def test_book_finishes_departed_requests_first_in_the_next_step():
+    book = RequestBook(budget=3)
+    plan = book.plan([RequestView("a", [1], [2]), RequestView("b", [3], [4])])
+    book.commit(plan, frozenset())
+    a_id = plan.requests[0].request_id
+    book.forget("a")
+    plan = book.plan([RequestView("b", [3], [4, 5])])
+    assert [(r.request_id, r.finished) for r in plan.requests] == [
+        (a_id, True),
+        (plan.requests[1].request_id, False),
+    ]
+    assert plan.ends == 1 and plan.live == [1]
+    book.commit(plan, frozenset())
+    assert "a" not in book and "b" in book and book.owed_ends == 0
+
+
+def test_book_restarts_everything_after_a_whole_step_failure():
+    book = RequestBook(budget=3)
+    plan = book.plan([RequestView("a", [1], [2])])
+    book.commit(plan, frozenset())
+    old = plan.requests[0].request_id
+    book.forget("gone")  # never drafted: nothing owed
+    plan = book.plan([RequestView("a", [1], [2, 3])])
+    book.commit(plan, None)  # the drafter crashed: a's copy is in doubt
+    plan = book.plan([RequestView("a", [1], [2, 3, 4])])
+    end, start = plan.requests
+    assert (end.request_id, end.finished) == (old, True)
+    assert start.request_id != old and list(start.prompt) == [1]
+    assert list(start.new_tokens) == [2, 3, 4]
+    book.commit(plan, None)  # failing again: the finish is owed again, no request disabled
+    plan = book.plan([RequestView("a", [1], [2, 3, 4])])
+    assert [r.request_id for r in plan.requests if r.finished] == [old, start.request_id]
+    assert plan.live == [2] and book.disabled == 0 and book.resyncs == 1
+
+
+def test_book_stops_drafting_a_request_the_drafter_refuses_twice():
+    book = RequestBook(budget=3)
+    plan = book.plan([RequestView("bad", [1], [2]), RequestView("ok", [5], [6])])
+    book.commit(plan, frozenset({0}))  # refused on its own
+    plan = book.plan([RequestView("bad", [1], [2, 3]), RequestView("ok", [5], [6, 7])])
+    assert plan.requests[plan.live[0]].prompt is not None  # started again
+    book.commit(plan, frozenset({plan.live[0]}))
+    plan = book.plan([RequestView("bad", [1], [2, 3, 4]), RequestView("ok", [5], [6, 7, 8])])
+    assert plan.live[0] == -1 and book.disabled == 1
+    assert list(plan.requests[plan.live[1]].new_tokens) == [8]
+    book.forget("bad")  # it left: a later request with the same id is drafted again
+    assert book.disabled == 0
+
+
+def test_book_commits_the_tokens_counted_when_the_step_was_planned():
+    book = RequestBook(budget=3)
+    output = [2]
+    plan = book.plan([RequestView("a", [1], output)])
+    output += [3, 4]  # the engine moved on while the (late) step ran
+    book.commit(plan, frozenset())
+    plan = book.plan([RequestView("a", [1], output)])
+    assert list(plan.requests[0].new_tokens) == [3, 4]
+
+
+def test_book_finishes_a_request_that_left_while_its_start_was_running():
+    book = RequestBook(budget=3)
+    plan = book.plan([RequestView("a", [1], [2])])
+    book.forget("a")
+    book.commit(plan, frozenset())
+    assert "a" not in book
+    (end,) = book.plan([]).requests
+    assert end.request_id == plan.requests[0].request_id and end.finished
+
+
+def test_book_starts_again_a_request_that_shrank():
+    book = RequestBook(budget=3)
+    plan = book.plan([RequestView("a", [1, 2], [3, 4])])
+    book.commit(plan, frozenset())
+    old = plan.requests[0].request_id
+    plan = book.plan([RequestView("a", [1, 2], [3])])
+    (start,) = plan.requests
+    assert start.prompt is not None and start.request_id != old and book.resyncs == 1
+    book.commit(plan, frozenset())
+    assert [(r.request_id, r.finished) for r in book.plan([]).requests] == [(old, True)]
+
+
+def test_request_view_copies_only_the_tail():
+    view = RequestView("a", [1, 2, 3], [4, 5], [6])
+    assert view.total == 6
+    assert view.tokens_from(0) == [1, 2, 3, 4, 5, 6]
+    assert view.tokens_from(2) == [3, 4, 5, 6]
+    assert view.tokens_from(5) == [6] and view.tokens_from(6) == []
+    assert view.generated() == [4, 5, 6]
+
+
+# -- the guard -------------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Scripted:
+    """A drafter whose next step does what the test says."""
+
+    def __init__(self) -> None:
+        self.action = "ok"
+        self.calls = 0
+        self.release = threading.Event()
+
+    def step(self, requests):
+        self.calls += 1
+        if self.action == "raise":
+            raise RuntimeError("boom")
+        if self.action == "refuse":
+            error = UnknownRequestError("unknown request", field="request_id")
+            error.trees = [DraftTree.empty(1) for _ in requests]
+            error.index = 0
+            raise error
+        if self.action == "short":
+            return []
+        if self.action == "block":
+            self.release.wait(5)
+        return [DraftTree(1, (2,), (-1,), (0.5,)) for _ in requests]
+
+
+REQS = [StepRequest("a", new_tokens=[1]), StepRequest("b", new_tokens=[1])]
+
+
+def test_guard_failures_fall_back_warn_once_back_off_and_recover(caplog):
+    drafter, clock = _Scripted(), _Clock()
+    guard = DraftGuard(drafter, None, clock=clock, min_backoff=1.0, max_backoff=4.0)
+    assert guard.run(REQS).ok
+    drafter.action = "raise"
+    with caplog.at_level(logging.INFO, logger="lookahead_client"):
+        outcome = guard.run(REQS)
+        assert outcome.trees is None and outcome.failed is None and "boom" in outcome.error
+        assert not guard.ready  # backing off: steps are not sent
+        clock.now += 1.0
+        assert guard.ready and guard.run(REQS).trees is None
+        clock.now += 1.0
+        assert not guard.ready  # the backoff doubled
+        clock.now += 1.0
+        drafter.action = "ok"
+        assert guard.ready and guard.run(REQS).ok
+    levels = [r.levelno for r in caplog.records]
+    assert levels == [logging.WARNING, logging.INFO]
+    assert guard.stats()["outages"] == 1 and drafter.calls == 4
+
+
+def test_guard_keeps_the_other_trees_when_one_request_is_refused():
+    drafter = _Scripted()
+    drafter.action = "refuse"
+    outcome = DraftGuard(drafter, None).run(REQS)
+    assert outcome.failed == frozenset({0}) and len(outcome.trees) == 2 and not outcome.ok
+
+
+def test_guard_treats_a_wrong_number_of_trees_as_a_failure():
+    drafter = _Scripted()
+    drafter.action = "short"
+    outcome = DraftGuard(drafter, None).run(REQS)
+    assert outcome.trees is None and "0 trees for 2" in outcome.error
+
+
+def test_guard_deadline_and_late_answer():
+    drafter = _Scripted()
+    drafter.action = "block"
+    guard = DraftGuard(drafter, 0.05, first_deadline=0.01)
+    outcome = guard.run(REQS, token="first")
+    assert outcome.late and guard.busy and not guard.ready
+    assert guard.collect() == []
+    drafter.release.set()
+    for _ in range(100):
+        if not guard.busy:
+            break
+        threading.Event().wait(0.01)
+    ((token, late),) = guard.collect()
+    assert token == "first" and late.ok and guard.ready
+    drafter.action = "ok"
+    assert guard.run(REQS).ok and guard.stats()["late_steps"] == 1
+
+
+# -- config and flags ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("timeout", 0),
+        ("namespace", ""),
+        ("target", " "),
+        ("max_ngram", 0),
+        ("min_score", 1.5),
+        ("memory_budget_bytes", 0),
+    ],
+)
+def test_config_names_the_bad_field(field, value):
+    with pytest.raises(InvalidArgumentError) as e:
+        LookaheadConfig(**{field: value})
+    assert e.value.field == field
+
+
+def test_config_round_trips_through_the_environment():
+    config = LookaheadConfig(target="unix:///run/lookahead.sock", namespace="m", timeout=0.02)
+    assert LookaheadConfig.from_env({ENV_VAR: config.to_env()}) == config
+    assert LookaheadConfig.from_env({}) is None
+    assert LookaheadConfig.from_env({ENV_VAR: "{}"}) == LookaheadConfig()
+    with pytest.raises(InvalidArgumentError) as e:
+        LookaheadConfig.from_env({ENV_VAR: '{"targte": "x"}'})
+    assert e.value.field == "targte"
+
+
+def test_config_builds_the_drafter_it_describes():
+    drafter = LookaheadConfig(memory_budget_bytes=8 << 20).build_drafter(
+        num_slots=100, vocab_size=1000
+    )
+    assert isinstance(drafter, EmbeddedDrafter) and drafter.config["max_budget"] == 99
+    remote = LookaheadConfig(
+        target="unix:///nowhere.sock", namespace="n", timeout=0.02
+    ).build_drafter(num_slots=12, vocab_size=1000)
+    assert isinstance(remote, RemoteDrafter)
+    assert (remote.namespace, remote.timeout) == ("n", 0.02)
+
+
+def test_launcher_flags_are_split_from_sglang_flags():
+    config, rest = split_argv(
+        [
+            "--model-path",
+            "m",
+            "--lookahead-chain",
+            "--tp",
+            "2",
+            "--lookahead-namespace=llama",
+            "--lookahead-max-ngram",
+            "8",
+        ]
+    )
+    assert config == LookaheadConfig(namespace="llama", max_ngram=8, chain=True)
+    assert rest == ["--model-path", "m", "--tp", "2", "--speculative-algorithm", "NGRAM"]
+    _, rest = split_argv(["--speculative-algorithm=ngram", "--lookahead-t", "x"])
+    assert rest == ["--speculative-algorithm=ngram", "--lookahead-t", "x"]  # no abbreviations
+    with pytest.raises(InvalidArgumentError) as e:
+        split_argv(["--speculative-algorithm", "EAGLE3"])
+    assert e.value.field == "speculative_algorithm"
+    with pytest.raises(InvalidArgumentError) as e:
+        split_argv(["--lookahead-timeout", "-1"])
+    assert e.value.field == "timeout"
+
+
+def test_level_order_keeps_parents_first_and_levels_in_order():
+    best_first = DraftTree(9, (1, 2, 3, 4), (-1, 0, -1, 1), (0.9, 0.8, 0.5, 0.4))
+    tree = _level_order(best_first)
+    assert tree.tokens == (1, 3, 2, 4) and tree.parents == (-1, -1, 0, 2)
+    assert tree.scores == (0.9, 0.5, 0.8, 0.4)
+    assert sorted(tree.paths()) == sorted(best_first.paths())
+    assert _level_order(tree) is tree
+
+
+def test_token_comes_from_a_file_and_stays_out_of_reprs(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    config, _ = split_argv(
+        ["--lookahead-target", "unix:///x.sock", "--lookahead-token-file", str(path)]
+    )
+    assert config.token == "s3cret" and "s3cret" not in repr(config)
+    assert config.build_drafter(num_slots=12, vocab_size=100).token == "s3cret"
+    path.write_text("")
+    with pytest.raises(InvalidArgumentError) as e:
+        split_argv(["--lookahead-token-file", str(path)])
+    assert e.value.field == "token_file"
+
+
+# -- tensor parallelism: the first rank drafts, the others receive its arrays ----------------
+
+
+def _tp_rank(rank: int, init_file: str, results) -> None:
+    """One tensor-parallel rank: a corpus that drafts (rank 0) or receives (rank 1)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from lookahead_client.sglang.corpus import DrafterCorpus, StepContext, broadcast_share
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    guard = DraftGuard(EmbeddedDrafter(memory_budget_bytes=8 << 20), 1.0) if rank == 0 else None
+    corpus = DrafterCorpus(
+        num_slots=6, guard=guard, vocab_size=1000, share=broadcast_share(rank, 0, dist.group.WORLD)
+    )
+    prompt = [5, 6, 7, 8, 9, 10, 11, 50, 51, 5, 6, 7]
+    req = SimpleNamespace(rid="r", origin_input_ids_unpadded=prompt, output_ids=[])
+    corpus.attach(StepContext([req], lambda: [], 6))
+    tokens, mask = corpus.batch_get(["r"], [prompt[-4:]], [len(prompt)])
+    results.put((rank, tokens.tolist(), mask.tolist()))
+    dist.destroy_process_group()
+
+
+def test_tensor_parallel_ranks_receive_the_first_ranks_drafts(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), results)) for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    got = dict(
+        (rank, (tokens, mask)) for rank, tokens, mask in (results.get(timeout=120) for _ in procs)
+    )
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert got[0] == got[1]
+    assert got[0][0][:5] == [7, 8, 9, 10, 11]  # root, then the prompt's own continuation
