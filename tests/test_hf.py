@@ -17,13 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.hf import speculative_generate
 from lookahead_client.prompt_lookup import PromptLookupDrafter
 from lookahead_client.types import DraftTree, StepRequest
 from lookahead_client.verify import SamplingParams, warp_logits
 from test_verify import assert_same_law
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 @pytest.fixture(autouse=True)

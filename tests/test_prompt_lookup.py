@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from lookahead_client.errors import (
     InvalidArgumentError,
     RequestAlreadyActiveError,

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+
 from lookahead_client import EmbeddedDrafter
 from lookahead_client.aio import AsyncRemoteDrafter
 from lookahead_client.errors import (

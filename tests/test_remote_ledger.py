@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._remote_fallback import Availability
 from lookahead_client._remote_ledger import Ledger

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
 from lookahead_client.errors import (

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import (
     build_tree_tensors,

@@ -8,6 +8,13 @@ import random
 import numpy as np
 import pytest
 import torch
+from scipy.stats import chi2
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import pack_trees, tree_tensors
 from lookahead_client.types import DraftTree
@@ -19,13 +26,7 @@ from lookahead_client.verify import (
     verify_tree,
     warp_logits,
 )
-from scipy.stats import chi2
 from test_tree import VECTOR_MASK, VECTOR_TOKENS, random_tree
-from transformers.generation.logits_process import (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 
 def one_hot_logits(tokens: list[int], vocab: int) -> torch.Tensor:

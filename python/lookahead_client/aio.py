@@ -85,9 +85,18 @@ class _AsyncStreamStepper:
 class _AsyncConnection:
     """The channel of one process and event loop."""
 
-    def __init__(self, target: str, options: list[tuple[str, int | str]], stream: bool) -> None:
+    def __init__(
+        self,
+        target: str,
+        options: list[tuple[str, int | str]],
+        stream: bool,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
-        self.channel = grpc.aio.insecure_channel(target, options=options)
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.aio.secure_channel(target, credentials, options=options)
         self.stub = LookaheadStub(self.channel)
         self._stream = stream
         self._stepper: _AsyncStreamStepper | None = None
@@ -128,7 +137,9 @@ class AsyncRemoteDrafter(RemoteSettings):
             self._conn = None
             self._lock = None
         if self._conn is None:
-            self._conn = _AsyncConnection(self.target, self._channel_options(), self.stream)
+            self._conn = _AsyncConnection(
+                self.target, self._channel_options(), self.stream, self._credentials()
+            )
         return self._conn
 
     def _serial(self) -> asyncio.Lock:

@@ -33,6 +33,11 @@ from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
 from lookahead_client._remote_fallback import Availability
 from lookahead_client._remote_ledger import Ledger, StepPlan
+from lookahead_client._remote_security import (
+    TlsSettings,
+    channel_credentials,
+    tls_channel_options,
+)
 from lookahead_client._remote_wire import (
     StepTimeout,
     channel_options,
@@ -90,6 +95,10 @@ class RemoteSettings:
         max_message_bytes: the largest message sent or received.
         min_backoff, max_backoff: how soon an unreachable server is tried again (seconds,
             doubling from the first to the second).
+        token: a bearer token for a server started with ``--auth-tokens`` (sent only over
+            TLS or a local connection: a Unix socket or loopback TCP).
+        tls: TLS settings (:class:`~lookahead_client._remote_security.TlsSettings`) for a
+            server started with ``--tls-cert``; None: plaintext.
     """
 
     _SETTINGS = (
@@ -102,6 +111,8 @@ class RemoteSettings:
         "max_message_bytes",
         "min_backoff",
         "max_backoff",
+        "token",
+        "tls",
     )
 
     def __init__(
@@ -116,6 +127,8 @@ class RemoteSettings:
         max_message_bytes: int = 64 << 20,
         min_backoff: float = 0.05,
         max_backoff: float = 2.0,
+        token: str | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if not value > 0:
@@ -129,6 +142,8 @@ class RemoteSettings:
         self.max_message_bytes = max_message_bytes
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
+        self.token = token
+        self.tls = tls
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -152,7 +167,10 @@ class RemoteSettings:
         return self._ledger.plan(requests, self.namespace, next(self._step_ids))
 
     def _channel_options(self) -> list[tuple[str, int | str]]:
-        return channel_options(self.target, self.max_message_bytes)
+        return channel_options(self.target, self.max_message_bytes) + tls_channel_options(self.tls)
+
+    def _credentials(self) -> grpc.ChannelCredentials | None:
+        return channel_credentials(self.target, self.token, self.tls)
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._SETTINGS}
@@ -231,8 +249,17 @@ class _StreamStepper:
 class _Connection:
     """The channel of one process."""
 
-    def __init__(self, target: str, options: list[tuple[str, int | str]], stream: bool) -> None:
-        self.channel = grpc.insecure_channel(target, options=options)
+    def __init__(
+        self,
+        target: str,
+        options: list[tuple[str, int | str]],
+        stream: bool,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=options)
         self.stub = LookaheadStub(self.channel)
         self._stream = stream
         self._stepper: _StreamStepper | None = None
@@ -273,7 +300,9 @@ class RemoteDrafter(RemoteSettings):
             abandon(self._conn)
             self._conn = None
         if self._conn is None:
-            self._conn = _Connection(self.target, self._channel_options(), self.stream)
+            self._conn = _Connection(
+                self.target, self._channel_options(), self.stream, self._credentials()
+            )
         return self._conn
 
     def close(self) -> None:

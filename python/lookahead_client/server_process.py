@@ -21,6 +21,8 @@ from pathlib import Path
 
 import grpc
 
+from lookahead_client._remote_security import TlsSettings, tls_channel_options
+
 __all__ = ["ServerProcess", "find_server_binary", "free_tcp_port"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +66,8 @@ class ServerProcess:
         binary: the binary (default: :func:`find_server_binary`).
         tcp: listen on a free TCP port of 127.0.0.1.
         unix: listen on a Unix socket in a private temporary directory.
+        tls: client TLS settings for the readiness probe, for a server started with
+            ``--tls-cert`` (the probe uses TCP when the server listens on it).
     """
 
     def __init__(
@@ -73,7 +77,9 @@ class ServerProcess:
         binary: str | None = None,
         tcp: bool = True,
         unix: bool = True,
+        tls: TlsSettings | None = None,
     ) -> None:
+        self.tls = tls
         self.binary = binary or find_server_binary()
         self.args = list(args)
         self._dir = tempfile.TemporaryDirectory(prefix="lookahead-server-")
@@ -123,7 +129,13 @@ class ServerProcess:
         target = self.tcp_target if self.port is not None else self.unix_target
         options = [("grpc.default_authority", "localhost")] if self.port is None else []
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(target, options=options) as channel:
+        if self.port is not None and self.tls is not None:
+            channel = grpc.secure_channel(
+                target, self.tls.credentials(), options=tls_channel_options(self.tls)
+            )
+        else:
+            channel = grpc.insecure_channel(target, options=options)
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 assert self.process is not None

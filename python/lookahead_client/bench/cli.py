@@ -1,0 +1,185 @@
+"""``lookahead-bench``: replays recorded workloads against drafters and reports MAT.
+
+Example::
+
+    lookahead-bench replay --drafter lookahead --drafter prompt-lookup \\
+        --budget 4,8,16 --concurrency 1,16 --json out.json --plot out.png
+
+Exit status: 0 on success, 2 on a usage problem (bad option, unknown drafter, missing
+package, bad workload file), 1 when a drafter fails during a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .load import add_load_parser, run_load
+from .registry import DRAFTERS, DrafterOptions, UnknownDrafterError, get_spec
+from .replay import SHARING, ReplayError, ReplaySettings, replay
+from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
+from .workload import DEMO_WORKLOAD, WorkloadError, load_workload
+
+__all__ = ["main", "build_parser"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _sharing_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in SHARING]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"expected a list of {'/'.join(SHARING)}, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``lookahead-bench``."""
+    parser = argparse.ArgumentParser(
+        prog="lookahead-bench", description="Benchmarks for lookahead drafters."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    names = "\n".join(f"  {s.name:<21} {s.summary}" for s in DRAFTERS.values())
+    rp = sub.add_parser(
+        "replay",
+        help="replay recorded workloads and report mean accepted tokens per step (MAT)",
+        description="Replays recorded token streams (shared/workloads/FORMAT.md) through a "
+        "simulated engine and reports MAT = sum(accepted) / sum(steps).",
+        epilog=f"drafters:\n{names}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rp.add_argument(
+        "--workload",
+        action="append",
+        metavar="PATH",
+        help="a workload .jsonl (repeatable; default: the bundled demo)",
+    )
+    rp.add_argument(
+        "--drafter",
+        action="append",
+        metavar="NAME",
+        help="a drafter name (repeatable; default: lookahead); see the list below",
+    )
+    rp.add_argument("--budget", type=_int_list, default=[4, 8, 16], help="draft budgets B")
+    rp.add_argument("--concurrency", type=_int_list, default=[1], help="slots per replica C")
+    rp.add_argument("--replicas", type=_int_list, default=[1], help="replicas R")
+    rp.add_argument(
+        "--sharing",
+        type=_sharing_list,
+        default=["shared"],
+        help="with R > 1: one drafter for all replicas (shared) or one each (private)",
+    )
+    rp.add_argument("--target", help="server address for the 'remote' drafter")
+    rp.add_argument(
+        "--sglang-capacity",
+        type=int,
+        default=10_000_000,
+        metavar="NODES",
+        help="trie nodes of the 'sglang' drafters (SGLang server default 10000000; the issue's "
+        "reference figures used NgramCorpus's default 1000000)",
+    )
+    rp.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    rp.add_argument("--json", metavar="OUT", help="write every result row to this JSON file")
+    rp.add_argument("--plot", metavar="OUT.png", help="draw MAT against budget (matplotlib)")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_load_parser(sub)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> list[ReplaySettings]:
+    out = []
+    for replicas in args.replicas:
+        for sharing in args.sharing if replicas > 1 else args.sharing[:1]:
+            for concurrency in args.concurrency:
+                for budget in args.budget:
+                    out.append(ReplaySettings(budget, concurrency, replicas, sharing))
+    return out
+
+
+def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    drafters = list(dict.fromkeys(args.drafter or ["lookahead"]))
+    settings = _settings(args)
+    try:
+        specs = [get_spec(name) for name in drafters]
+        for spec in specs:
+            spec.check(DrafterOptions(settings[0].budget, args.target, args.sglang_capacity))
+        if args.plot:
+            check_plotting()
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        for option, out in (("--json", args.json), ("--plot", args.plot)):
+            if out and not Path(out).resolve().parent.is_dir():
+                raise ValueError(f"{option}: the folder of {out} does not exist")
+        if args.sglang_capacity < 1:
+            raise ValueError(f"--sglang-capacity must be >= 1, got {args.sglang_capacity}")
+        paths = args.workload or [str(DEMO_WORKLOAD)]
+        workloads = [(path, load_workload(path, limit=args.limit)) for path in paths]
+    except (UnknownDrafterError, ImportError, ValueError, WorkloadError) as exc:
+        print(f"lookahead-bench: error: {exc}", file=sys.stderr)
+        return 2
+
+    from tqdm import tqdm
+
+    rows: list[dict] = []
+    print(format_header(), flush=True)
+    for path, workload in workloads:
+        for spec in specs:
+            for s in settings:
+                options = DrafterOptions(s.budget, args.target, args.sglang_capacity)
+                desc = (
+                    f"{workload.name} {spec.name} B={s.budget} C={s.concurrency} "
+                    f"R={s.replicas} {s.sharing_label}"
+                )
+                with tqdm(
+                    total=workload.response_tokens,
+                    desc=desc,
+                    unit="tok",
+                    unit_scale=True,
+                    leave=False,
+                    file=sys.stderr,
+                    disable=args.no_progress,
+                    mininterval=0.5,
+                ) as bar:
+                    try:
+                        result = replay(
+                            workload, lambda f=spec.factory, o=options: f(o), s, progress=bar.update
+                        )
+                    except ReplayError as exc:
+                        print(f"lookahead-bench: error: {desc}: {exc}", file=sys.stderr)
+                        return 1
+                gc.collect()  # free the drafters (SGLang preallocates GBs) before the next run
+                row = result_row(workload.name, path, spec.name, s, result)
+                rows.append(row)
+                print(format_row(row), flush=True)
+                if args.json:  # rewritten after every run: a long sweep keeps what it did
+                    write_json(args.json, rows, argv)
+    if args.plot:
+        plot_mat(args.plot, rows)
+        print(f"plot: {args.plot}")
+    if args.json:
+        print(f"json: {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``lookahead-bench``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "replay":
+        return _replay_command(args, argv)
+    if args.command == "load":
+        return run_load(args)
+    raise AssertionError(args.command)  # argparse only accepts the commands above
