@@ -8,6 +8,7 @@ and nothing else is affected.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -130,7 +131,11 @@ def _remote_class() -> type:
 
 
 def _remote(options: DrafterOptions) -> Drafter:
-    return _remote_class()(options.target)
+    # A fresh namespace per drafter: private replicas must not share, and one run must not
+    # learn from the last. A generous deadline: the replay measures acceptance, and a step that
+    # fell back to an empty tree would silently lower MAT.
+    namespace = f"bench-{uuid.uuid4().hex[:12]}"
+    return _remote_class()(options.target, namespace=namespace, timeout=30.0)
 
 
 def _check_remote(options: DrafterOptions) -> None:
