@@ -36,6 +36,12 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 
+step "fuzz smoke (core targets; the 10-minute runs are in docs/reliability.md)"
+command -v cargo-fuzz >/dev/null || cargo install --quiet --locked cargo-fuzz
+for target in core_ops snapshot_decode; do
+    RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir rust/fuzz "$target" -- -max_total_time=15 2>&1 | tail -n 2
+done
+
 step "generated gRPC stubs are up to date"
 scripts/gen_proto.sh
 git diff --exit-code -- python/lookahead_client/_proto

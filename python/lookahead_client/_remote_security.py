@@ -77,9 +77,7 @@ def channel_credentials(
         )
         creds = grpc.local_channel_credentials(kind)
     if token is not None:
-        creds = grpc.composite_channel_credentials(
-            creds, grpc.access_token_call_credentials(token)
-        )
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
     return creds
 
 

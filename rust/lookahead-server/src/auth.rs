@@ -74,8 +74,8 @@ pub fn parse(text: &str) -> Result<HashMap<String, Grant>, String> {
         } else {
             let mut set = HashSet::new();
             for name in spec.split(',') {
-                let resolved = resolve_name(name)
-                    .map_err(|e| format!("line {}: {e}", number + 1))?;
+                let resolved =
+                    resolve_name(name).map_err(|e| format!("line {}: {e}", number + 1))?;
                 set.insert(resolved.to_string());
             }
             Grant::Only(set)
@@ -167,15 +167,20 @@ impl Auth {
         if self.path.is_none() {
             return Ok(Grant::All);
         }
-        let header = metadata
-            .get("authorization")
-            .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer TOKEN` metadata"))?;
+        let header = metadata.get("authorization").ok_or_else(|| {
+            Status::unauthenticated("missing `authorization: Bearer TOKEN` metadata")
+        })?;
         let token = header
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
-            .ok_or_else(|| Status::unauthenticated("the authorization metadata is not `Bearer TOKEN`"))?;
+            .ok_or_else(|| {
+                Status::unauthenticated("the authorization metadata is not `Bearer TOKEN`")
+            })?;
         self.tokens
             .read()
             .get(token)
@@ -215,7 +220,10 @@ mod tests {
             tonic::Code::Unauthenticated
         );
         md.insert("authorization", "Bearer t1".parse().expect("ascii"));
-        assert_eq!(auth.authenticate(&md).expect("known"), Grant::Only(["a".to_string()].into()));
+        assert_eq!(
+            auth.authenticate(&md).expect("known"),
+            Grant::Only(["a".to_string()].into())
+        );
         std::fs::write(&path, "t2 *\n# longer file so the size changes\n").expect("write");
         auth.reload_if_changed();
         assert!(auth.authenticate(&md).is_err());

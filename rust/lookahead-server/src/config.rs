@@ -223,13 +223,29 @@ pub struct Cli {
     /// Permission bits of the Unix sockets (octal).
     #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
     pub unix_socket_mode: u32,
+
+    /// TLS certificate chain (PEM) of the TCP listeners; needs --tls-key. Unix sockets stay
+    /// plaintext (protected by their file mode).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA certificate(s) (PEM) that client certificates must be signed by: mutual TLS, every
+    /// TCP client must present one. Needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// Parses octal permission bits (`600`, `0660`).
 pub fn parse_mode(s: &str) -> Result<u32, String> {
     match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
         Ok(mode) if mode <= 0o777 => Ok(mode),
-        _ => Err(format!("{s:?}: expected octal permission bits such as 600 or 660")),
+        _ => Err(format!(
+            "{s:?}: expected octal permission bits such as 600 or 660"
+        )),
     }
 }
 
@@ -250,6 +266,10 @@ pub struct OpsConfig {
     pub auth_tokens: Option<PathBuf>,
     /// Permission bits of the Unix sockets.
     pub unix_socket_mode: u32,
+    /// TLS certificate chain and key of the TCP listeners.
+    pub tls_cert: Option<(PathBuf, PathBuf)>,
+    /// CA of the client certificates (mutual TLS).
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// Everything [`crate::run`] needs.
@@ -382,6 +402,8 @@ impl TryFrom<Cli> for ServerConfig {
             metrics_listen: cli.metrics_listen,
             auth_tokens: cli.auth_tokens,
             unix_socket_mode: cli.unix_socket_mode,
+            tls_cert: cli.tls_cert.zip(cli.tls_key),
+            tls_client_ca: cli.tls_client_ca,
         };
         let config = Self {
             listen: cli.listen,

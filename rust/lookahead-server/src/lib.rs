@@ -14,14 +14,14 @@
 
 pub mod auth;
 pub mod config;
-mod convert;
+pub mod convert;
 pub mod error;
 mod logging;
 mod maintenance;
 pub mod metrics;
 pub mod namespaces;
-pub mod persistence;
 pub mod pb;
+pub mod persistence;
 mod server;
 pub mod service;
 mod shutdown;

@@ -54,7 +54,8 @@ impl Maintenance {
             if let Some(ttl) = self.ops.request_ttl {
                 self.expire(ttl).await;
             }
-            if let (Some(dir), Some(interval)) = (&self.ops.snapshot_dir, self.ops.snapshot_interval)
+            if let (Some(dir), Some(interval)) =
+                (&self.ops.snapshot_dir, self.ops.snapshot_interval)
                 && last_snapshot.elapsed() >= interval
             {
                 snapshot_all(&self.namespaces, dir, &self.metrics).await;
@@ -97,7 +98,9 @@ pub async fn snapshot_all(
         });
         match task.await {
             Ok((ns, bytes, Ok(path))) => {
-                ns.metrics().snapshots_written.fetch_add(1, Ordering::Relaxed);
+                ns.metrics()
+                    .snapshots_written
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(namespace = %ns.name(), path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "snapshot written");
                 written.push(path);
             }

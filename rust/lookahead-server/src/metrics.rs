@@ -15,8 +15,8 @@ use crate::namespaces::Namespaces;
 
 /// Upper bounds (seconds) of the step latency histogram buckets.
 pub const LATENCY_BOUNDS_S: [f64; 14] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
 ];
 
 /// A latency histogram with fixed buckets, updated without locks.
@@ -49,10 +49,7 @@ impl Histogram {
             let le = LATENCY_BOUNDS_S
                 .get(i)
                 .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}"
-            );
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
         }
         let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
@@ -118,17 +115,57 @@ pub fn render(namespaces: &Namespaces, server: &ServerMetrics) -> String {
     let mut out = String::with_capacity(8 << 10);
     let all = namespaces.all();
     let gauges: [(&str, &str, &str); 11] = [
-        ("lookahead_active_requests", "gauge", "Requests started and not ended."),
-        ("lookahead_memory_bytes", "gauge", "Heap bytes held by the namespace's drafter."),
-        ("lookahead_memory_budget_bytes", "gauge", "Memory budget of the namespace."),
-        ("lookahead_trie_nodes", "gauge", "Live nodes of the shared n-gram trie."),
-        ("lookahead_evicted_nodes_total", "counter", "Trie nodes evicted to stay under budget."),
-        ("lookahead_tokens_ingested_total", "counter", "Tokens inserted into the shared trie."),
+        (
+            "lookahead_active_requests",
+            "gauge",
+            "Requests started and not ended.",
+        ),
+        (
+            "lookahead_memory_bytes",
+            "gauge",
+            "Heap bytes held by the namespace's drafter.",
+        ),
+        (
+            "lookahead_memory_budget_bytes",
+            "gauge",
+            "Memory budget of the namespace.",
+        ),
+        (
+            "lookahead_trie_nodes",
+            "gauge",
+            "Live nodes of the shared n-gram trie.",
+        ),
+        (
+            "lookahead_evicted_nodes_total",
+            "counter",
+            "Trie nodes evicted to stay under budget.",
+        ),
+        (
+            "lookahead_tokens_ingested_total",
+            "counter",
+            "Tokens inserted into the shared trie.",
+        ),
         ("lookahead_drafts_total", "counter", "Draft trees served."),
-        ("lookahead_draft_nodes_total", "counter", "Nodes proposed in the draft trees served."),
-        ("lookahead_accepted_tokens_total", "counter", "Accepted draft tokens reported by engines."),
-        ("lookahead_accept_reports_total", "counter", "Accepted counts reported by engines."),
-        ("lookahead_expired_requests_total", "counter", "Requests ended by --request-ttl."),
+        (
+            "lookahead_draft_nodes_total",
+            "counter",
+            "Nodes proposed in the draft trees served.",
+        ),
+        (
+            "lookahead_accepted_tokens_total",
+            "counter",
+            "Accepted draft tokens reported by engines.",
+        ),
+        (
+            "lookahead_accept_reports_total",
+            "counter",
+            "Accepted counts reported by engines.",
+        ),
+        (
+            "lookahead_expired_requests_total",
+            "counter",
+            "Requests ended by --request-ttl.",
+        ),
     ];
     let stats: Vec<_> = all.iter().map(|ns| (ns, ns.stats())).collect();
     for (name, kind, help) in gauges {
@@ -230,7 +267,10 @@ pub async fn serve(listener: TcpListener, render: impl Fn() -> String + Send + S
     }
 }
 
-async fn answer(mut stream: TcpStream, render: &(dyn Fn() -> String + Send + Sync)) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    render: &(dyn Fn() -> String + Send + Sync),
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -4,7 +4,9 @@
 //! Ordering guarantee: a step sees every insert of the steps of its namespace that were
 //! answered before it began. Inserts of a step are queued by [`Drafter::step_deferred`] and
 //! applied by the namespace's flush thread right after the answer was produced; a step that
-//! begins while a flush is queued or running waits for it (see [`Namespace::step`]).
+//! begins while a flush is queued or running waits for it (see [`Namespace::step`]). The one
+//! exception: while a snapshot is being encoded, steps do not wait (they would stall behind the
+//! snapshot) and see the inserts of earlier steps only once it is done.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -95,6 +97,9 @@ struct FlushState {
     gate: Arc<Mutex<()>>,
     /// Inserts are queued in the drafter and not yet applied.
     pending: Arc<AtomicBool>,
+    /// A snapshot is being encoded (it holds `gate` and the trie's read lock): steps do not
+    /// wait for queued inserts meanwhile, which would stall them behind the snapshot.
+    snapshotting: Arc<AtomicBool>,
 }
 
 impl FlushState {
@@ -103,6 +108,22 @@ impl FlushState {
         let _gate = self.gate.lock();
         if self.pending.swap(false, Ordering::AcqRel) {
             drafter.flush_inserts();
+        }
+    }
+
+    /// [`settle`](Self::settle), unless a snapshot is being encoded: then the queued inserts
+    /// stay queued (they are applied once it is done) and the caller goes on at once.
+    fn settle_unless_snapshotting(&self, drafter: &Drafter) {
+        loop {
+            if self.snapshotting.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(_gate) = self.gate.try_lock_for(std::time::Duration::from_millis(1)) {
+                if self.pending.swap(false, Ordering::AcqRel) {
+                    drafter.flush_inserts();
+                }
+                return;
+            }
         }
     }
 }
@@ -122,6 +143,7 @@ impl Namespace {
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
             pending: Arc::new(AtomicBool::new(false)),
+            snapshotting: Arc::new(AtomicBool::new(false)),
         };
         // Capacity 1: wake-ups coalesce while a flush is queued.
         let (wake, wakes) = mpsc::sync_channel::<()>(1);
@@ -165,7 +187,15 @@ impl Namespace {
     /// workers.
     pub fn snapshot(&self) -> Vec<u8> {
         self.flush.settle(&self.drafter);
-        self.drafter.snapshot()
+        // Holding the gate keeps the flush thread from queueing a trie writer, which would
+        // block the steps' read sections until the snapshot is done.
+        self.flush.snapshotting.store(true, Ordering::Release);
+        let bytes = {
+            let _gate = self.flush.gate.lock();
+            self.drafter.snapshot()
+        };
+        self.flush.snapshotting.store(false, Ordering::Release);
+        bytes
     }
 
     /// Ends the requests no step touched for `max_idle`; returns how many.
@@ -185,16 +215,20 @@ impl Namespace {
 
     /// One engine step: waits for the inserts of earlier steps, drafts, and hands this step's
     /// inserts to the flush thread (they are applied after the answer is produced).
+    /// While a snapshot is being encoded, a step does not wait for the inserts of earlier
+    /// steps (they are applied right after the snapshot).
     pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
-        self.flush.settle(&self.drafter);
+        self.flush.settle_unless_snapshotting(&self.drafter);
         let results = self.drafter.step_deferred(items);
         self.flush.pending.store(true, Ordering::Release);
         match &self.wake {
             Some(wake) => match wake.try_send(()) {
                 Ok(()) | Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => self.flush.settle(&self.drafter),
+                Err(TrySendError::Disconnected(())) => {
+                    self.flush.settle_unless_snapshotting(&self.drafter);
+                }
             },
-            None => self.flush.settle(&self.drafter),
+            None => self.flush.settle_unless_snapshotting(&self.drafter),
         }
         results
     }
@@ -202,7 +236,7 @@ impl Namespace {
     /// Ends a request if it is active (used to reset a request before restarting it).
     /// Returns whether it was active.
     pub fn end_if_active(&self, request_id: &str) -> Result<bool, DraftError> {
-        self.flush.settle(&self.drafter);
+        self.flush.settle_unless_snapshotting(&self.drafter);
         match self.drafter.end(request_id) {
             Ok(()) => Ok(true),
             Err(DraftError::UnknownRequest { .. }) => Ok(false),

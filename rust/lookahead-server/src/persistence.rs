@@ -113,9 +113,7 @@ pub fn write_atomic(dir: &Path, namespace: &str, bytes: &[u8]) -> Result<PathBuf
         file.sync_all().map_err(io(&tmp))?;
         drop(file);
         fs::rename(&tmp, &path).map_err(io(&path))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(dir))
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
     })();
     if result.is_err() {
         // Best effort: a leftover temporary file is harmless (ignored at start) but untidy.
@@ -243,7 +241,8 @@ mod tests {
 
     fn learnt_drafter() -> Drafter {
         let d = Drafter::new(DrafterConfig::default()).expect("drafter");
-        d.ingest(&[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]).expect("ingest");
+        d.ingest(&[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])
+            .expect("ingest");
         d
     }
 
@@ -258,10 +257,7 @@ mod tests {
             load_all(dir.path(), &DrafterConfig::default(), OnCorrupt::Fail, 8).expect("load");
         assert_eq!(restored.len(), 1);
         assert_eq!(restored[0].namespace, "m/1");
-        assert_eq!(
-            restored[0].drafter.stats().trie_nodes,
-            d.stats().trie_nodes
-        );
+        assert_eq!(restored[0].drafter.stats().trie_nodes, d.stats().trie_nodes);
     }
 
     #[test]
@@ -275,8 +271,8 @@ mod tests {
             Ok(_) => panic!("a truncated snapshot was loaded"),
         }
         assert!(path.exists());
-        let restored = load_all(dir.path(), &DrafterConfig::default(), OnCorrupt::Empty, 8)
-            .expect("skipped");
+        let restored =
+            load_all(dir.path(), &DrafterConfig::default(), OnCorrupt::Empty, 8).expect("skipped");
         assert!(restored.is_empty());
         assert!(!path.exists());
         assert!(dir.path().join("ns-x.snap.corrupt").exists());

@@ -9,19 +9,19 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::auth::Auth;
 use crate::config::{ListenAddr, ServerConfig};
 use crate::error::ServerError;
+use crate::maintenance::{Maintenance, snapshot_all};
+use crate::metrics::ServerMetrics;
 use crate::namespaces::Namespaces;
 use crate::pb;
 use crate::pb::lookahead_server::LookaheadServer;
-use crate::service::{LookaheadService, ServiceLimits};
-use crate::auth::Auth;
-use crate::maintenance::{Maintenance, snapshot_all};
-use crate::metrics::ServerMetrics;
 use crate::persistence::load_all;
+use crate::service::{LookaheadService, ServiceLimits};
 use std::sync::Arc;
 
 /// An address the server is listening on (ports resolved).
@@ -52,6 +52,7 @@ enum Listener {
 /// A server whose addresses are bound, ready to [`serve`](BoundServer::serve).
 pub struct BoundServer {
     listeners: Vec<Listener>,
+    tls: Option<ServerTlsConfig>,
     metrics_listener: Option<(SocketAddr, tokio::net::TcpListener)>,
     service: LookaheadService,
     namespaces: Arc<Namespaces>,
@@ -101,6 +102,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         }
         None => None,
     };
+    let tls = tls_config(ops)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let namespaces = Arc::new(namespaces);
     let auth = Arc::new(auth);
@@ -113,6 +115,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     };
     Ok(BoundServer {
         listeners,
+        tls,
         metrics_listener,
         service: LookaheadService::new(
             Arc::clone(&namespaces),
@@ -127,6 +130,26 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         shutdown,
         config: config.clone(),
     })
+}
+
+/// The TLS settings of the TCP listeners, with the certificate files read (an unreadable
+/// file is an error naming it).
+fn tls_config(ops: &crate::config::OpsConfig) -> Result<Option<ServerTlsConfig>, ServerError> {
+    let Some((cert, key)) = &ops.tls_cert else {
+        return Ok(None);
+    };
+    let read = |field: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|e| ServerError::Config {
+            field,
+            reason: format!("cannot read {}: {e}", path.display()),
+        })
+    };
+    let identity = Identity::from_pem(read("tls_cert", cert)?, read("tls_key", key)?);
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &ops.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read("tls_client_ca", ca)?));
+    }
+    Ok(Some(tls))
 }
 
 async fn bind_one(addr: &ListenAddr, unix_mode: u32) -> Result<Listener, ServerError> {
@@ -207,6 +230,7 @@ impl BoundServer {
     pub async fn serve(self, signal: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
         let Self {
             listeners,
+            tls,
             metrics_listener,
             service,
             namespaces,
@@ -242,7 +266,9 @@ impl BoundServer {
                         }
                     });
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot watch SIGHUP; the tokens file is still reloaded when it changes"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch SIGHUP; the tokens file is still reloaded when it changes")
+                }
             }
         }
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -266,7 +292,16 @@ impl BoundServer {
         let mut tasks = JoinSet::new();
         let mut sockets = Vec::new();
         for listener in listeners {
-            let router = Server::builder()
+            let mut builder = Server::builder();
+            if let (Listener::Tcp(addr, _), Some(tls)) = (&listener, &tls) {
+                builder = builder
+                    .tls_config(tls.clone())
+                    .map_err(|source| ServerError::Serve {
+                        addr: format!("{addr} (TLS settings)"),
+                        source,
+                    })?;
+            }
+            let router = builder
                 .add_service(health_service.clone())
                 .add_service(reflection_v1.clone())
                 .add_service(reflection_v1alpha.clone())
@@ -278,7 +313,7 @@ impl BoundServer {
             };
             match listener {
                 Listener::Tcp(addr, incoming) => {
-                    tracing::info!(address = %addr, "listening (tcp)");
+                    tracing::info!(address = %addr, tls = tls.is_some(), mutual_tls = config.ops.tls_client_ca.is_some(), "listening (tcp)");
                     tasks.spawn(async move {
                         router
                             .serve_with_incoming_shutdown(incoming, stopped)

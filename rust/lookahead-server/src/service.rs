@@ -290,11 +290,15 @@ impl Lookahead for LookaheadService {
         &self,
         request: Request<StatsRequest>,
     ) -> Result<Response<StatsResponse>, Status> {
-        let outcome = self.inner.auth.authenticate(request.metadata()).and_then(|grant| {
-            let name = &request.get_ref().namespace;
-            grant.check(name)?;
-            self.inner.namespaces.get(name).map_err(namespace_status)
-        });
+        let outcome = self
+            .inner
+            .auth
+            .authenticate(request.metadata())
+            .and_then(|grant| {
+                let name = &request.get_ref().namespace;
+                grant.check(name)?;
+                self.inner.namespaces.get(name).map_err(namespace_status)
+            });
         let namespace = self.counted("Stats", outcome)?;
         let s = namespace.stats();
         let n = |v: usize| v as u64;

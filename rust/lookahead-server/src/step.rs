@@ -209,9 +209,7 @@ fn refuse_starts_over_limit(
     }
     let resets = checked.iter().filter(|c| c.reset).count();
     let active = namespace.drafter().stats().active_requests;
-    let mut room = limits
-        .max_active_requests
-        .saturating_sub(active + resets);
+    let mut room = limits.max_active_requests.saturating_sub(active + resets);
     if room >= starts {
         return;
     }
