@@ -154,10 +154,7 @@ impl Drafter {
             prompt: Some(prompt),
             ..Default::default()
         };
-        self.run_step(&[item], false)
-            .pop()
-            .unwrap_or(Ok(DraftTree::default()))
-            .map(drop)
+        self.step_one(item).map(drop)
     }
 
     /// Appends tokens to an active request.
@@ -167,22 +164,16 @@ impl Drafter {
             new_tokens: tokens,
             ..Default::default()
         };
-        self.run_step(&[item], false)
-            .pop()
-            .unwrap_or(Ok(DraftTree::default()))
-            .map(drop)
+        self.step_one(item).map(drop)
     }
 
     /// Drafts a tree of at most `budget` nodes for an active request.
     pub fn draft(&self, request_id: &str, budget: usize) -> Result<DraftTree, DraftError> {
-        let item = StepItem {
+        self.step_one(StepItem {
             request_id,
             budget,
             ..Default::default()
-        };
-        self.run_step(&[item], false)
-            .pop()
-            .unwrap_or(Ok(DraftTree::default()))
+        })
     }
 
     /// Ends a request; its text stays in the shared trie.
@@ -192,10 +183,14 @@ impl Drafter {
             finished: true,
             ..Default::default()
         };
+        self.step_one(item).map(drop)
+    }
+
+    /// A step of one item: what the single-request calls are made of.
+    fn step_one(&self, item: StepItem<'_>) -> Result<DraftTree, DraftError> {
         self.run_step(&[item], false)
             .pop()
             .unwrap_or(Ok(DraftTree::default()))
-            .map(drop)
     }
 
     /// One engine step: per item, start, append, draft (or end); then the shared-trie inserts.

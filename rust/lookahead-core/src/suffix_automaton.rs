@@ -112,13 +112,8 @@ impl SuffixAutomaton {
     }
 
     fn transition(&self, state: u32, token: Token) -> Option<u32> {
-        let edges = &self.edges;
-        self.index
-            .find(pair_hash(state, token), |&e| {
-                let e = &edges[e as usize];
-                e.source == state && e.token == token
-            })
-            .map(|&e| edges[e as usize].target)
+        self.edge_id(state, token)
+            .map(|e| self.edges[e as usize].target)
     }
 
     fn edge_id(&self, state: u32, token: Token) -> Option<u32> {
