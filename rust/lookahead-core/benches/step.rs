@@ -1,9 +1,13 @@
 //! Criterion benchmarks of the core: one engine step (draft + insert) at batch 1, 8 and 64
-//! with 1k-token contexts on a warmed drafter, and the memory cost per stored trie node.
+//! with contexts of 1k to 3k tokens on a warmed drafter, and the memory cost per stored trie
+//! node. Requests finish and new ones start as in an engine, so the drafter stays in a steady
+//! state however many iterations criterion runs.
 //!
 //! The text is synthetic but shaped like real traffic: a vocabulary of 32k ids drawn from a
 //! Zipf-like law, with 30% of each request copied from earlier text (so the trie and the
 //! requests' own indexes both have matches, as in RAG or code editing).
+
+use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use lookahead_core::{Drafter, DrafterConfig, StepItem, Token};
@@ -41,45 +45,95 @@ fn text(rng: &mut Rng, corpus: &[Token], len: usize) -> Vec<Token> {
     out
 }
 
-/// A drafter warmed with `warm_tokens` of text and `batch` active requests of 1k tokens.
-fn warmed(batch: usize, warm_tokens: usize) -> (Drafter, Vec<String>, Vec<Vec<Token>>) {
-    let drafter = Drafter::new(DrafterConfig::default()).expect("default config is valid");
-    let mut rng = Rng(0x5eed);
-    let corpus = text(&mut rng, &[], warm_tokens);
-    drafter.ingest(&corpus).expect("tokens are in range");
-    let ids: Vec<String> = (0..batch).map(|i| format!("req-{i}")).collect();
-    let futures: Vec<Vec<Token>> = (0..batch).map(|_| text(&mut rng, &corpus, 4096)).collect();
-    for (id, future) in ids.iter().zip(&futures) {
-        drafter.start(id, &future[..1024]).expect("fresh id");
+/// Tokens in the text of one simulated request: a 1k-token prompt, then its output.
+const REQUEST_TOKENS: usize = 3072;
+/// Prompt tokens of a simulated request.
+const PROMPT_TOKENS: usize = 1024;
+/// Distinct request texts per batch slot; a slot cycles through them.
+const TEXTS_PER_SLOT: usize = 4;
+
+/// An engine at batch `batch` on a drafter warmed with `warm_tokens` of text. Each batch slot
+/// runs requests one after the other: a request starts with a 1k prompt, emits 2 tokens a step
+/// (one accepted draft token + the model's own) and, at the end of its text, finishes and makes
+/// room for the next, so the drafter stays in a steady state however long criterion runs.
+struct Engine {
+    drafter: Drafter,
+    texts: Vec<Vec<Token>>,
+    slots: Vec<Slot>,
+    started: usize,
+}
+
+struct Slot {
+    id: String,
+    text: usize,
+    pos: usize,
+}
+
+impl Engine {
+    fn new(batch: usize, warm_tokens: usize) -> Self {
+        let drafter = Drafter::new(DrafterConfig::default()).expect("default config is valid");
+        let mut rng = Rng(0x5eed);
+        let corpus = text(&mut rng, &[], warm_tokens);
+        drafter.ingest(&corpus).expect("tokens are in range");
+        let texts = (0..batch * TEXTS_PER_SLOT)
+            .map(|_| text(&mut rng, &corpus, REQUEST_TOKENS))
+            .collect();
+        let mut engine = Self {
+            drafter,
+            texts,
+            slots: Vec::with_capacity(batch),
+            started: 0,
+        };
+        for slot in 0..batch {
+            // stagger the slots so that requests do not all finish at the same step
+            let pos = PROMPT_TOKENS + slot * (REQUEST_TOKENS - PROMPT_TOKENS) / batch;
+            let s = engine.begin(slot * TEXTS_PER_SLOT, pos);
+            engine.slots.push(s);
+        }
+        engine
     }
-    (drafter, ids, futures)
+
+    fn begin(&mut self, text: usize, pos: usize) -> Slot {
+        let id = format!("req-{}", self.started);
+        self.started += 1;
+        let t = &self.texts[text];
+        self.drafter.start(&id, &t[..pos]).expect("fresh id");
+        Slot { id, text, pos }
+    }
+
+    /// One engine step: 2 new tokens and a budget-8 draft per request, then the inserts.
+    fn step(&mut self) {
+        let items: Vec<StepItem<'_>> = self
+            .slots
+            .iter()
+            .map(|s| StepItem {
+                request_id: &s.id,
+                new_tokens: &self.texts[s.text][s.pos..s.pos + 2],
+                budget: 8,
+                finished: s.pos + 4 > REQUEST_TOKENS,
+                ..Default::default()
+            })
+            .collect();
+        black_box(self.drafter.step(&items));
+        for i in 0..self.slots.len() {
+            self.slots[i].pos += 2;
+            if self.slots[i].pos + 2 > REQUEST_TOKENS {
+                let slot = &self.slots[i];
+                let next =
+                    slot.text - slot.text % TEXTS_PER_SLOT + (slot.text + 1) % TEXTS_PER_SLOT;
+                self.slots[i] = self.begin(next, PROMPT_TOKENS);
+            }
+        }
+    }
 }
 
 fn engine_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine_step");
     for batch in [1usize, 8, 64] {
-        let (drafter, ids, futures) = warmed(batch, 200_000);
-        let mut pos = 1024;
+        let mut engine = Engine::new(batch, 200_000);
         group.throughput(Throughput::Elements(batch as u64));
         group.bench_function(BenchmarkId::new("draft_insert_budget8", batch), |b| {
-            b.iter(|| {
-                // each request advances by 2 tokens (one accepted draft + the model's own)
-                if pos + 2 > 4096 {
-                    pos = 1024; // wrap: contexts stay around 1k-4k tokens
-                }
-                let items: Vec<StepItem<'_>> = ids
-                    .iter()
-                    .zip(&futures)
-                    .map(|(id, f)| StepItem {
-                        request_id: id,
-                        new_tokens: &f[pos..pos + 2],
-                        budget: 8,
-                        ..Default::default()
-                    })
-                    .collect();
-                pos += 2;
-                drafter.step(&items)
-            })
+            b.iter(|| engine.step())
         });
     }
     group.finish();
