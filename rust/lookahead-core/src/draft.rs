@@ -161,8 +161,14 @@ impl Builder<'_> {
                 Some(m) => self.src.sam.advance(m, c.token),
                 None => self.src.sam.advance(self.root_match, c.token),
             };
-            let context = self.extend_context(parent_ctx, c.token);
             let id = self.nodes.len() as i32;
+            // the last node is never expanded: its context would be wasted lookups
+            let expanded = self.nodes.len() + 1 < self.params.budget;
+            let context = if expanded {
+                self.extend_context(parent_ctx, c.token)
+            } else {
+                0..0
+            };
             self.nodes.push(GrowthNode {
                 token: c.token,
                 parent: c.parent,
@@ -171,7 +177,7 @@ impl Builder<'_> {
                 anchor,
                 context: context.clone(),
             });
-            if self.nodes.len() < self.params.budget {
+            if expanded {
                 self.expand(id, c.score, local, anchor, context);
             }
         }

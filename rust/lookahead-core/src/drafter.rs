@@ -123,10 +123,7 @@ impl Drafter {
             calibration,
             config,
         };
-        drafter
-            .trie
-            .write()
-            .set_node_limit(drafter.trie_node_limit());
+        drafter.refresh_node_limit(&mut drafter.trie.write());
         Ok(drafter)
     }
 
@@ -136,10 +133,19 @@ impl Drafter {
     }
 
     /// Trie nodes allowed now: what the budget leaves after requests and fixed tables.
-    fn trie_node_limit(&self) -> usize {
-        let fixed = self.calibration.heap_bytes() + self.siblings.lock().heap_bytes() + (64 << 10);
+    fn trie_node_limit(&self, trie: &NgramTrie) -> usize {
+        let fixed = self.calibration.heap_bytes()
+            + self.siblings.lock().heap_bytes()
+            + trie.unigram_table_bytes()
+            + (64 << 10);
         let used = fixed + self.request_bytes.load(Ordering::Relaxed);
         self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
+    }
+
+    /// Brings the trie's node limit up to date with the memory used elsewhere.
+    fn refresh_node_limit(&self, trie: &mut NgramTrie) {
+        let limit = self.trie_node_limit(trie);
+        trie.set_node_limit(limit);
     }
 
     /// Active requests may use up to half the budget; the trie always keeps the other half.
@@ -213,7 +219,7 @@ impl Drafter {
         while cursor.inserted() < tokens.len() {
             let end = (cursor.inserted() + INGEST_CHUNK).min(tokens.len());
             let mut trie = self.trie.write();
-            trie.set_node_limit(self.trie_node_limit());
+            self.refresh_node_limit(&mut trie);
             cursor.insert(&mut trie, tokens, end);
         }
         self.counters
@@ -229,7 +235,7 @@ impl Drafter {
             return;
         }
         let mut trie = self.trie.write();
-        trie.set_node_limit(self.trie_node_limit());
+        self.refresh_node_limit(&mut trie);
         for request in queued {
             let mut state = request.lock();
             state.queued = false;
@@ -266,7 +272,7 @@ impl Drafter {
                 config: drafter.config.max_ngram as u64,
             });
         }
-        let limit = drafter.trie_node_limit();
+        let limit = drafter.trie_node_limit(&drafter.trie.read());
         let trie = NgramTrie::decode(&mut r, drafter.config.max_ngram, limit)?;
         drafter.calibration = Calibration::decode(&mut r)?;
         let max_sibling_tokens = drafter.siblings.get_mut().max_tokens();
@@ -275,8 +281,7 @@ impl Drafter {
             return Err(SnapshotError::Corrupt("bytes left after the last section"));
         }
         drafter.trie = RwLock::new(trie);
-        let limit = drafter.trie_node_limit();
-        drafter.trie.get_mut().set_node_limit(limit);
+        drafter.refresh_node_limit(&mut drafter.trie.write());
         Ok(drafter)
     }
 

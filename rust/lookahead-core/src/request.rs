@@ -153,10 +153,10 @@ impl TrieCursor {
         let max_depth = trie.max_depth();
         while self.inserted < end {
             // Reserve first so that no eviction happens while the suffix nodes are in use.
-            if trie.reserve(max_depth) || self.epoch != trie.epoch() {
+            let token = text[self.inserted];
+            if trie.reserve(max_depth, token) || self.epoch != trie.epoch() {
                 self.resolve(trie, &text[..self.inserted]);
             }
-            let token = text[self.inserted];
             for k in (0..max_depth).rev() {
                 let parent = self.suffix_nodes[k];
                 // An n-gram gets a node only once its prefix has occurred before: text seen

@@ -4,8 +4,10 @@
 //!
 //! Invariants (checked by the tests):
 //! - node 0 is the root and is never evicted; every other live node's `parent` is live and one
-//!   level shallower, and the index holds exactly one entry per live non-root node, keyed by
-//!   `(parent, token)`;
+//!   level shallower;
+//! - every live non-root node is found by exactly one of: the dense unigram table at its
+//!   token (children of the root with tokens below [`DENSE_UNIGRAMS`]), or one index entry
+//!   keyed by `(parent, token)` (all others);
 //! - `children(n)` counts the live nodes whose parent is `n` (the root's is not kept);
 //! - `top(n)` names up to [`TOP_CHILDREN`] live children of `n`, the most frequent first as far
 //!   as the updates that touched them could tell;
@@ -29,6 +31,10 @@ const HEAT_BITS: u32 = 8;
 const HEAT_MASK: u32 = (1 << HEAT_BITS) - 1;
 const MAX_HEAT: u32 = 6;
 const MAX_CHILDREN: u32 = u32::MAX >> HEAT_BITS;
+/// Tokens below this have their unigram node in a dense table (4 bytes a token, grown to the
+/// largest token seen: 1 MiB at most); the root's children are looked up at every level of
+/// every draft, and a table read costs one cache miss where a hash probe costs three.
+pub(crate) const DENSE_UNIGRAMS: usize = 1 << 18;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -78,6 +84,8 @@ pub(crate) struct Child {
 #[derive(Debug)]
 pub(crate) struct NgramTrie {
     nodes: Vec<Node>,
+    /// `unigrams[token]`: the root's child by `token`, or `NONE`.
+    unigrams: Vec<u32>,
     index: HashTable<u32>,
     free: Vec<u32>,
     max_depth: usize,
@@ -100,6 +108,7 @@ impl NgramTrie {
         };
         Self {
             nodes: vec![root],
+            unigrams: Vec::new(),
             index: HashTable::new(),
             free: Vec::new(),
             max_depth,
@@ -131,8 +140,14 @@ impl NgramTrie {
     /// Heap bytes held (capacities).
     pub fn heap_bytes(&self) -> usize {
         self.nodes.capacity() * size_of::<Node>()
+            + self.unigram_table_bytes()
             + self.index.capacity() * (size_of::<u32>() + 1)
             + self.free.capacity() * size_of::<u32>()
+    }
+
+    /// Heap bytes of the dense unigram table, which is not counted per node.
+    pub fn unigram_table_bytes(&self) -> usize {
+        self.unigrams.capacity() * size_of::<u32>()
     }
 
     /// Eviction passes so far; node ids obtained before a pass may have been reused.
@@ -147,6 +162,36 @@ impl NgramTrie {
 
     /// The child of `node` by `token`, if the trie has it.
     pub fn child(&self, node: u32, token: Token) -> Option<u32> {
+        if node != ROOT {
+            // The node's top list usually answers without a hash probe: it names the children
+            // most likely asked for, and when it names all of them a miss there is final.
+            let n = &self.nodes[node as usize];
+            let mut listed = 0;
+            for &c in &n.top {
+                if c == NONE {
+                    break;
+                }
+                if self.nodes[c as usize].token == token {
+                    return Some(c);
+                }
+                listed += 1;
+            }
+            if n.children() <= listed {
+                return None;
+            }
+        }
+        self.indexed_child(node, token)
+    }
+
+    /// The child of `node` by `token`, from the unigram table or the index.
+    fn indexed_child(&self, node: u32, token: Token) -> Option<u32> {
+        if node == ROOT && (token as usize) < DENSE_UNIGRAMS {
+            return self
+                .unigrams
+                .get(token as usize)
+                .copied()
+                .filter(|&c| c != NONE);
+        }
         let nodes = &self.nodes;
         self.index
             .find(pair_hash(node, token), |&id| {
@@ -154,6 +199,50 @@ impl NgramTrie {
                 n.parent == node && n.token == token
             })
             .copied()
+    }
+
+    /// Grows the unigram table to hold `token`, if it is dense; what the table takes comes
+    /// off the node limit, so that the byte figure the limit was derived from still holds.
+    fn cover_unigram(&mut self, token: Token) {
+        let slot = token as usize;
+        if slot < self.unigrams.len() || slot >= DENSE_UNIGRAMS {
+            return;
+        }
+        let before = self.unigram_table_bytes();
+        let len = (slot + 1).next_power_of_two().min(DENSE_UNIGRAMS);
+        self.unigrams.reserve_exact(len - self.unigrams.len());
+        self.unigrams.resize(len, NONE);
+        let grown = (self.unigram_table_bytes() - before).div_ceil(BYTES_PER_NODE_BOUND);
+        self.node_limit = self.node_limit.saturating_sub(grown).max(2);
+    }
+
+    /// Makes live node `id` findable by its `(parent, token)`.
+    fn link(&mut self, id: u32) {
+        let Node { parent, token, .. } = self.nodes[id as usize];
+        if parent == ROOT && (token as usize) < DENSE_UNIGRAMS {
+            self.cover_unigram(token);
+            self.unigrams[token as usize] = id;
+            return;
+        }
+        let nodes = &self.nodes;
+        self.index
+            .insert_unique(pair_hash(parent, token), id, |&i| {
+                let n = &nodes[i as usize];
+                pair_hash(n.parent, n.token)
+            });
+    }
+
+    /// Undoes [`Self::link`] for node `id`, about to be freed.
+    fn unlink(&mut self, id: u32) {
+        let Node { parent, token, .. } = self.nodes[id as usize];
+        if parent == ROOT && (token as usize) < DENSE_UNIGRAMS {
+            self.unigrams[token as usize] = NONE;
+        } else if let Ok(entry) = self
+            .index
+            .find_entry(pair_hash(parent, token), |&i| i == id)
+        {
+            entry.remove();
+        }
     }
 
     /// Occurrences of the n-gram of `node`.
@@ -188,9 +277,11 @@ impl NgramTrie {
         tokens.iter().try_fold(node, |n, &t| self.child(n, t))
     }
 
-    /// Makes room for `n` new nodes, evicting when the trie would pass its limit. Returns
-    /// whether it evicted (node ids cached by callers may then be stale).
-    pub fn reserve(&mut self, n: usize) -> bool {
+    /// Makes room for `n` new nodes of n-grams ending in `token`, evicting when the trie would
+    /// pass its limit. Returns whether it evicted (node ids cached by callers may then be
+    /// stale).
+    pub fn reserve(&mut self, n: usize, token: Token) -> bool {
+        self.cover_unigram(token);
         if self.live_nodes() + n <= self.node_limit {
             return false;
         }
@@ -254,12 +345,7 @@ impl NgramTrie {
                 (self.nodes.len() - 1) as u32
             }
         };
-        let nodes = &self.nodes;
-        self.index
-            .insert_unique(pair_hash(parent, token), id, |&i| {
-                let n = &nodes[i as usize];
-                pair_hash(n.parent, n.token)
-            });
+        self.link(id);
         if parent != ROOT {
             let p = &mut self.nodes[parent as usize];
             p.set_children(p.children() + 1);
@@ -311,12 +397,7 @@ impl NgramTrie {
 
     fn remove_leaf(&mut self, id: u32) {
         let n = self.nodes[id as usize];
-        if let Ok(entry) = self
-            .index
-            .find_entry(pair_hash(n.parent, n.token), |&i| i == id)
-        {
-            entry.remove();
-        }
+        self.unlink(id);
         if n.parent != ROOT {
             let p = &mut self.nodes[n.parent as usize];
             p.set_children(p.children().saturating_sub(1));
@@ -398,20 +479,10 @@ impl NgramTrie {
                 }
                 p = parent;
             }
-            let nodes = &trie.nodes;
-            let hash = pair_hash(node.parent, node.token);
-            if trie
-                .index
-                .find(hash, |&i| {
-                    nodes[i as usize].parent == node.parent && nodes[i as usize].token == node.token
-                })
-                .is_some()
-            {
+            if trie.indexed_child(node.parent, node.token).is_some() {
                 return Err(corrupt("two nodes for one n-gram"));
             }
-            trie.index.insert_unique(hash, id as u32, |&i| {
-                pair_hash(nodes[i as usize].parent, nodes[i as usize].token)
-            });
+            trie.link(id as u32);
             if node.parent != ROOT {
                 let parent = &mut trie.nodes[node.parent as usize];
                 parent.set_children(parent.children() + 1);
@@ -429,7 +500,13 @@ impl NgramTrie {
                 .copied()
                 .filter(|&c| c != NONE && valid(c))
                 .collect();
-            kept.dedup();
+            // a child listed twice would pass for two: keep the first mention only
+            let mut seen = Vec::with_capacity(TOP_CHILDREN);
+            kept.retain(|&c| {
+                let first = !seen.contains(&c);
+                seen.push(c);
+                first
+            });
             let mut new_top = [NONE; TOP_CHILDREN];
             new_top[..kept.len()].copy_from_slice(&kept);
             trie.nodes[id].top = new_top;
@@ -453,14 +530,29 @@ impl NgramTrie {
             live += 1;
             assert!(self.is_live(n.parent), "node {id} has a dead parent");
             assert_eq!(
-                self.child(n.parent, n.token),
+                self.indexed_child(n.parent, n.token),
                 Some(id as u32),
                 "index misses node {id}"
             );
+            assert_eq!(self.child(n.parent, n.token), Some(id as u32));
             children[n.parent as usize] += 1;
         }
         assert_eq!(live, self.live_nodes());
-        assert_eq!(self.index.len(), live);
+        let dense = self.unigrams.iter().filter(|&&c| c != NONE).count();
+        assert_eq!(self.index.len() + dense, live);
+        // the top-list shortcut of `child` answers exactly as the index, misses included
+        let mut tokens: Vec<Token> = self.nodes.iter().skip(1).map(|n| n.token).collect();
+        tokens.retain(|&t| t != FREE);
+        tokens.sort_unstable();
+        tokens.dedup();
+        for (id, n) in self.nodes.iter().enumerate() {
+            if id != ROOT as usize && n.token == FREE {
+                continue;
+            }
+            for &t in &tokens {
+                assert_eq!(self.child(id as u32, t), self.indexed_child(id as u32, t));
+            }
+        }
         assert!(live <= self.node_limit);
         for (id, n) in self.nodes.iter().enumerate().skip(1) {
             if n.token == FREE {
@@ -485,7 +577,7 @@ mod tests {
         for end in 1..=text.len() {
             let start = end.saturating_sub(d);
             // (re)walk each window from the root: simple, for tests only
-            trie.reserve(d);
+            trie.reserve(d, text[end - 1]);
             for s in start..end {
                 if let Some(parent) = trie.walk(ROOT, &text[s..end - 1]) {
                     trie.record(parent, text[end - 1]);
@@ -520,10 +612,17 @@ mod tests {
         assert!(trie.live_nodes() <= 5);
     }
 
+    /// Mostly a few small tokens (so that n-grams recur), sometimes one above the dense
+    /// unigram table's range.
+    fn small_or_sparse_token() -> impl Strategy<Value = Token> {
+        let sparse = DENSE_UNIGRAMS as Token;
+        prop_oneof![8 => 0u32..6, 1 => sparse - 1..sparse + 2]
+    }
+
     proptest! {
         #[test]
         fn invariants_hold_under_eviction(
-            texts in prop::collection::vec(prop::collection::vec(0u32..6, 0..40), 1..8),
+            texts in prop::collection::vec(prop::collection::vec(small_or_sparse_token(), 0..40), 1..8),
             limit in 2usize..200,
         ) {
             let mut trie = NgramTrie::new(5, limit);
