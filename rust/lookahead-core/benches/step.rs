@@ -139,6 +139,24 @@ fn engine_step(c: &mut Criterion) {
     group.finish();
 }
 
+fn start_request(c: &mut Criterion) {
+    // Indexing a prompt: the request's own automaton plus the shared-trie inserts.
+    let drafter = Drafter::new(DrafterConfig::default()).expect("default config is valid");
+    let mut rng = Rng(11);
+    let corpus = text(&mut rng, &[], 200_000);
+    drafter.ingest(&corpus).expect("tokens are in range");
+    let prompt = text(&mut rng, &corpus, 4096);
+    let mut group = c.benchmark_group("start_request");
+    group.throughput(Throughput::Elements(prompt.len() as u64));
+    group.bench_function("4k_prompt", |b| {
+        b.iter(|| {
+            drafter.start("prompt", &prompt).expect("fresh id");
+            drafter.end("prompt").expect("active")
+        })
+    });
+    group.finish();
+}
+
 fn memory_per_node(c: &mut Criterion) {
     // Not a timing: prints the measured bytes per stored trie node once, then times ingest.
     let drafter = Drafter::new(DrafterConfig::default()).expect("default config is valid");
@@ -157,5 +175,5 @@ fn memory_per_node(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, engine_step, memory_per_node);
+criterion_group!(benches, engine_step, start_request, memory_per_node);
 criterion_main!(benches);
