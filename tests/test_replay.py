@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from lookahead_client._per_request import chain_tree
 from lookahead_client.bench import cli
 from lookahead_client.bench.baselines import VllmNgramDrafter
-from lookahead_client.bench.baselines.base import chain_tree
 from lookahead_client.bench.registry import (
     DRAFTERS,
     DrafterOptions,

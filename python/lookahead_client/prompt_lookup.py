@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import InvalidArgumentError, RequestAlreadyActiveError, UnknownRequestError
-from .types import DraftTree, StepRequest
+from ._per_request import PerRequestDrafter
+from .errors import InvalidArgumentError
+from .types import DraftTree
 
 __all__ = ["PromptLookupDrafter"]
 
@@ -51,7 +52,7 @@ class _Context:
         return DraftTree.empty(root)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(PerRequestDrafter):
     """Prompt-lookup drafting (one chain per step), following the ``Drafter`` protocol.
 
     Args:
@@ -68,54 +69,23 @@ class PromptLookupDrafter:
             raise InvalidArgumentError(
                 f"max_ngram ({max_ngram}) must be >= min_ngram ({min_ngram})", field="max_ngram"
             )
+        super().__init__()
         self._min, self._max = min_ngram, max_ngram
-        self._requests: dict[str, _Context] = {}
-        self._steps = 0
-        self._drafted = 0
+        self._contexts: dict[str, _Context] = {}
 
-    def start(self, request_id: str, prompt: Sequence[int]) -> None:
-        """Begins a request with its prompt."""
-        if request_id in self._requests:
-            raise RequestAlreadyActiveError(
-                f"request {request_id!r} is already active", field="request_id"
-            )
+    def __repr__(self) -> str:
+        return f"PromptLookupDrafter(min_ngram={self._min}, max_ngram={self._max})"
+
+    def _start(self, request_id: str, prompt: Sequence[int]) -> None:
         ctx = _Context(self._min, self._max)
         ctx.extend(prompt)
-        self._requests[request_id] = ctx
+        self._contexts[request_id] = ctx
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        """Feeds each request its new tokens and drafts one chain each."""
-        out = []
-        for req in requests:
-            if req.budget < 0:
-                raise InvalidArgumentError(f"budget must be >= 0, got {req.budget}", field="budget")
-            if req.prompt is not None:
-                self.start(req.request_id, req.prompt)
-            ctx = self._requests.get(req.request_id)
-            if ctx is None:
-                raise UnknownRequestError(
-                    f"request {req.request_id!r} is not active", field="request_id"
-                )
-            ctx.extend(req.new_tokens)
-            if req.finished:
-                self.end(req.request_id)
-                out.append(DraftTree.empty(ctx.tokens[-1] if ctx.tokens else -1))
-                continue
-            tree = ctx.draft(req.budget)
-            self._steps += 1
-            self._drafted += len(tree)
-            out.append(tree)
-        return out
+    def _append(self, request_id: str, tokens: Sequence[int]) -> None:
+        self._contexts[request_id].extend(tokens)
 
-    def end(self, request_id: str) -> None:
-        """Ends a request and forgets its context."""
-        if self._requests.pop(request_id, None) is None:
-            raise UnknownRequestError(f"request {request_id!r} is not active", field="request_id")
+    def _draft(self, request_id: str, budget: int) -> DraftTree:
+        return self._contexts[request_id].draft(budget)
 
-    def stats(self) -> dict[str, int | float]:
-        """Active requests, steps served and draft tokens proposed."""
-        return {
-            "active_requests": len(self._requests),
-            "steps": self._steps,
-            "draft_tokens": self._drafted,
-        }
+    def _end(self, request_id: str) -> None:
+        del self._contexts[request_id]

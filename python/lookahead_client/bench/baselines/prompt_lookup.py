@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lookahead_client._per_request import PerRequestDrafter, chain_tree
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import DraftTree
-
-from .base import PerRequestDrafter, chain_tree
 
 __all__ = ["VllmNgramDrafter"]
 

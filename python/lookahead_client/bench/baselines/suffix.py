@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lookahead_client._per_request import PerRequestDrafter, chain_tree
 from lookahead_client.types import DraftTree
-
-from .base import PerRequestDrafter, chain_tree
 
 __all__ = ["INSTALL_HINT", "SuffixDecodingDrafter"]
 

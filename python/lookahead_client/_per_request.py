@@ -1,4 +1,5 @@
-"""What the per-request baseline drafters share: request bookkeeping and chain trees."""
+"""What the pure-Python per-request drafters share (prompt lookup, the benchmark's baselines):
+request bookkeeping and chain trees."""
 
 from __future__ import annotations
 
