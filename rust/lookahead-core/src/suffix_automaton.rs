@@ -183,45 +183,58 @@ impl SuffixAutomaton {
         self.text.push(token);
         let cur = self.new_state(self.states[self.last as usize].len + 1, NONE, pos, 0);
         let mut p = self.last;
-        while p != NONE && self.transition(p, token).is_none() {
+        // walk up until a state already continues with `token`
+        let mut found = None;
+        while p != NONE {
+            if let Some(edge) = self.edge_id(p, token) {
+                found = Some(edge);
+                break;
+            }
             self.add_edge(p, token, cur);
             p = self.states[p as usize].link;
         }
-        if p == NONE {
-            self.states[cur as usize].link = 0;
-        } else {
-            let q = self.transition(p, token).unwrap_or(0);
-            let (p_len, q_state) = (self.states[p as usize].len, self.states[q as usize]);
-            if p_len + 1 == q_state.len {
-                self.states[cur as usize].link = q;
-            } else {
-                let clone =
-                    self.new_state(p_len + 1, q_state.link, q_state.recent_end, q_state.occ);
-                let mut e = q_state.first_edge;
-                while e != NONE {
-                    let Edge {
-                        token,
-                        target,
-                        next,
-                        ..
-                    } = self.edges[e as usize];
-                    self.add_edge(clone, token, target);
-                    e = next;
-                }
-                while p != NONE {
-                    match self.edge_id(p, token) {
-                        Some(edge) if self.edges[edge as usize].target == q => {
-                            self.edges[edge as usize].target = clone;
-                        }
-                        _ => break,
-                    }
-                    p = self.states[p as usize].link;
-                }
-                self.states[q as usize].link = clone;
-                self.states[cur as usize].link = clone;
-            }
-        }
+        let link = match found {
+            None => 0,
+            Some(edge) => self.split_if_needed(p, edge, token),
+        };
+        self.states[cur as usize].link = link;
         self.last = cur;
+    }
+
+    /// The suffix link of a new last state whose walk stopped at state `p`, which goes on with
+    /// `token` through `edge`: the edge's target when it is solid (one token longer than `p`),
+    /// else a clone of the target that takes over the shorter strings (the classic split).
+    fn split_if_needed(&mut self, mut p: u32, edge: u32, token: Token) -> u32 {
+        let q = self.edges[edge as usize].target;
+        let (p_len, q_state) = (self.states[p as usize].len, self.states[q as usize]);
+        if p_len + 1 == q_state.len {
+            return q;
+        }
+        let clone = self.new_state(p_len + 1, q_state.link, q_state.recent_end, q_state.occ);
+        let mut e = q_state.first_edge;
+        while e != NONE {
+            let Edge {
+                token,
+                target,
+                next,
+                ..
+            } = self.edges[e as usize];
+            self.add_edge(clone, token, target);
+            e = next;
+        }
+        // redirect to the clone every transition by `token` into `q` up the suffix links
+        let mut redirect = Some(edge);
+        while let Some(e) = redirect.filter(|&e| self.edges[e as usize].target == q) {
+            self.edges[e as usize].target = clone;
+            p = self.states[p as usize].link;
+            redirect = if p == NONE {
+                None
+            } else {
+                self.edge_id(p, token)
+            };
+        }
+        self.states[q as usize].link = clone;
+        clone
     }
 
     /// The longest suffix of the whole text that also occurs earlier in it.
