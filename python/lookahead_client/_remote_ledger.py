@@ -17,19 +17,30 @@ return a follow-up message re-sending lost requests) or ``on_unavailable()``, th
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
+import grpc
+
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
+from lookahead_client._remote_fallback import Availability
 from lookahead_client._remote_wire import (
+    StepTimeout,
+    describe,
     error_from_request_error,
+    error_from_rpc,
+    is_transient,
     response_columns,
     server_tree,
 )
 from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.types import DraftTree, StepRequest
 
-__all__ = ["Ledger", "StepPlan"]
+__all__ = ["Exchange", "Ledger", "StepPlan"]
+
+#: One call of a step: the message to send and the seconds left before the step's deadline.
+Exchange = tuple[pb.StepRequest, float]
 
 _log = logging.getLogger("lookahead_client.remote")
 
@@ -178,6 +189,44 @@ class StepPlan:
     def empty(self) -> bool:
         """Nothing to send: no request and no finish owed."""
         return not self._first
+
+    def exchanges(
+        self, availability: Availability, timeout: float
+    ) -> Generator[Exchange, pb.StepResponse, list[DraftTree]]:
+        """The step's conversation with the server, free of I/O, for the sync and the asyncio
+        client alike: yields each message with the seconds left before the step's deadline
+        (``timeout`` from the first message) and is sent the answer, or has the call's
+        ``grpc.RpcError`` thrown in.
+
+        Returns the trees: empty ones when the server is known down, too slow or failing
+        transiently (``availability`` is told).
+
+        Raises:
+            LookaheadError: as :meth:`result`, or the server refused the whole step.
+        """
+        if self.empty:
+            return []
+        if not availability.should_try():
+            self.unavailable_without_trying()
+            availability.skipped()
+            return self.result()
+        message: pb.StepRequest | None = self.first_message()
+        deadline = time.monotonic() + timeout
+        while message is not None:
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StepTimeout()
+                response = yield message, remaining
+            except grpc.RpcError as e:
+                if not is_transient(e):
+                    raise self.refused(error_from_rpc(e, "step")) from None
+                self.on_unavailable()
+                availability.failed(describe(e))
+                return self.result()
+            availability.succeeded()
+            message = self.on_response(response)
+        return self.result()
 
     # -- messages -------------------------------------------------------------------------
 

@@ -21,10 +21,8 @@ from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStu
 from lookahead_client._remote_ledger import StepPlan
 from lookahead_client._remote_wire import (
     StepTimeout,
-    describe,
     error_from_rpc,
     ingest_messages,
-    is_transient,
     stats_dict,
     status_code,
 )
@@ -169,33 +167,20 @@ class AsyncRemoteDrafter(RemoteSettings):
             return await self._drive(self._plan(requests))
 
     async def _drive(self, plan: StepPlan) -> list[DraftTree]:
-        if plan.empty:
-            return []
-        availability = self._availability
-        if not availability.should_try():
-            plan.unavailable_without_trying()
-            availability.skipped()
-            return plan.result()
-        message: pb.StepRequest | None = plan.first_message()
         conn = self._connection()
-        timeout = max(self.timeout, self.connect_timeout) if conn.fresh else self.timeout
-        deadline = time.monotonic() + timeout
-        while message is not None:
-            try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StepTimeout()
-                response = await conn.step(message, remaining)
-            except grpc.RpcError as e:
-                if not is_transient(e):
-                    raise plan.refused(error_from_rpc(e, "step")) from None
-                plan.on_unavailable()
-                availability.failed(describe(e))
-                return plan.result()
-            availability.succeeded()
-            conn.fresh = False
-            message = plan.on_response(response)
-        return plan.result()
+        exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
+        try:
+            message, remaining = next(exchanges)
+            while True:
+                try:
+                    response = await conn.step(message, remaining)
+                except grpc.RpcError as e:
+                    message, remaining = exchanges.throw(e)
+                else:
+                    conn.fresh = False
+                    message, remaining = exchanges.send(response)
+        except StopIteration as done:
+            return done.value
 
     async def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Begins a request with its prompt."""

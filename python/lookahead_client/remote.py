@@ -41,10 +41,8 @@ from lookahead_client._remote_security import (
 from lookahead_client._remote_wire import (
     StepTimeout,
     channel_options,
-    describe,
     error_from_rpc,
     ingest_messages,
-    is_transient,
     normalize_target,
     stats_dict,
     status_code,
@@ -165,6 +163,11 @@ class RemoteSettings:
 
     def _plan(self, requests: Sequence[StepRequest]) -> StepPlan:
         return self._ledger.plan(requests, self.namespace, next(self._step_ids))
+
+    def _step_timeout(self, fresh_channel: bool) -> float:
+        """The step deadline: the first call of a channel also connects, and gets
+        ``connect_timeout`` when that is longer."""
+        return max(self.timeout, self.connect_timeout) if fresh_channel else self.timeout
 
     def _channel_options(self) -> list[tuple[str, int | str]]:
         return channel_options(self.target, self.max_message_bytes) + tls_channel_options(self.tls)
@@ -333,34 +336,20 @@ class RemoteDrafter(RemoteSettings):
             return self._drive(self._plan(requests))
 
     def _drive(self, plan: StepPlan) -> list[DraftTree]:
-        if plan.empty:
-            return []
-        availability = self._availability
-        if not availability.should_try():
-            plan.unavailable_without_trying()
-            availability.skipped()
-            return plan.result()
-        message: pb.StepRequest | None = plan.first_message()
         conn = self._connection()
-        # The first call of a channel also connects: it gets connect_timeout.
-        timeout = max(self.timeout, self.connect_timeout) if conn.fresh else self.timeout
-        deadline = time.monotonic() + timeout
-        while message is not None:
-            try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StepTimeout()
-                response = conn.step(message, remaining)
-            except grpc.RpcError as e:
-                if not is_transient(e):
-                    raise plan.refused(error_from_rpc(e, "step")) from None
-                plan.on_unavailable()
-                availability.failed(describe(e))
-                return plan.result()
-            availability.succeeded()
-            conn.fresh = False
-            message = plan.on_response(response)
-        return plan.result()
+        exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
+        try:
+            message, remaining = next(exchanges)
+            while True:
+                try:
+                    response = conn.step(message, remaining)
+                except grpc.RpcError as e:
+                    message, remaining = exchanges.throw(e)
+                else:
+                    conn.fresh = False
+                    message, remaining = exchanges.send(response)
+        except StopIteration as done:
+            return done.value
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Begins a request with its prompt."""
