@@ -94,6 +94,8 @@ pub struct Drafter {
     request_bytes: AtomicUsize,
     /// Finished responses by prompt, for later samples of the same prompt.
     siblings: Mutex<SiblingResponses>,
+    /// Active requests by prompt key (samples of one prompt running side by side).
+    active_prompts: Mutex<HashMap<u64, u32>>,
     counters: Counters,
 }
 
@@ -119,6 +121,7 @@ impl Drafter {
             siblings: Mutex::new(SiblingResponses::new(
                 config.memory_budget_bytes / 16 / size_of::<Token>(),
             )),
+            active_prompts: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             calibration,
             config,
@@ -220,7 +223,7 @@ impl Drafter {
             let end = (cursor.inserted() + INGEST_CHUNK).min(tokens.len());
             let mut trie = self.trie.write();
             self.refresh_node_limit(&mut trie);
-            cursor.insert(&mut trie, tokens, end);
+            cursor.insert(&mut trie, tokens, end, usize::MAX);
         }
         self.counters
             .tokens_ingested
@@ -240,8 +243,9 @@ impl Drafter {
             let mut state = request.lock();
             state.queued = false;
             let pending = state.pending() as u64;
+            let shared_from = self.output_start_if_shared(&state);
             let RequestState { sam, cursor, .. } = &mut *state;
-            cursor.insert(&mut trie, sam.text(), sam.text().len());
+            cursor.insert(&mut trie, sam.text(), sam.text().len(), shared_from);
             self.counters
                 .tokens_ingested
                 .fetch_add(pending, Ordering::Relaxed);
@@ -384,11 +388,34 @@ impl Drafter {
         self.request_bytes
             .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
         state.accounted_bytes = 0;
+        {
+            let mut active = self.active_prompts.lock();
+            if let Some(n) = active.get_mut(&state.prompt_key) {
+                *n -= 1;
+                if *n == 0 {
+                    active.remove(&state.prompt_key);
+                }
+            }
+        }
         if finished {
-            let key = prompt_key(&state.own_text()[..state.prompt_len]);
-            self.siblings.lock().record(key, state.response());
+            self.siblings
+                .lock()
+                .record(state.prompt_key, state.response());
         }
         true
+    }
+
+    /// Where a request's output starts in its text when other samples of its prompt exist
+    /// (running, or finished and remembered), else `usize::MAX`: the trie keeps the output of
+    /// a shared prompt at more orders, since its other samples are likely to repeat it.
+    fn output_start_if_shared(&self, state: &RequestState) -> usize {
+        let key = state.prompt_key;
+        let running = self.active_prompts.lock().get(&key).copied().unwrap_or(0);
+        if running >= 2 || self.siblings.lock().contains(key) {
+            state.prefix_len + state.prompt_len
+        } else {
+            usize::MAX
+        }
     }
 
     /// Ends every request no step has touched for `max_idle` (an engine that went away without
@@ -450,10 +477,12 @@ impl Drafter {
             return Err(already_active());
         }
         // Built outside the table's lock: indexing a long prompt takes a while.
-        let siblings = self.siblings.lock().get(prompt_key(prompt));
+        let key = prompt_key(prompt);
+        let siblings = self.siblings.lock().get(key);
         let mut state = RequestState::new(self.config.max_ngram, &siblings);
         state.append(prompt, &self.calibration);
         state.prompt_len = prompt.len();
+        state.prompt_key = key;
         let mut requests = self.requests.lock();
         if requests.contains_key(request_id) {
             return Err(already_active());
@@ -461,6 +490,7 @@ impl Drafter {
         self.account(&mut state);
         let shared = Arc::new(Mutex::new(state));
         requests.insert(request_id.to_owned(), shared.clone());
+        *self.active_prompts.lock().entry(key).or_default() += 1;
         Ok(shared)
     }
 

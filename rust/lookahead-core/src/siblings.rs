@@ -111,6 +111,11 @@ impl SiblingResponses {
         Ok(store)
     }
 
+    /// Whether responses to the prompt `key` are remembered.
+    pub fn contains(&self, key: u64) -> bool {
+        self.by_prompt.contains_key(&key)
+    }
+
     /// The remembered responses for `key`, the most recent first, at most
     /// [`MAX_SIBLING_TOKENS`] tokens in all.
     pub fn get(&self, key: u64) -> Vec<Arc<[Token]>> {

@@ -174,6 +174,27 @@ fn samples_of_one_prompt_learn_from_each_other() {
 }
 
 #[test]
+fn outputs_of_a_shared_prompt_are_kept_at_every_order() {
+    // Two requests running side by side, one of them emitting a novel output; only when they
+    // are samples of one prompt does the trie keep that output's longer n-grams at once.
+    let output: Vec<Token> = (1000..1100).collect();
+    let trie_nodes = |second_prompt: &[Token]| {
+        let d = drafter();
+        d.start("a", &[1, 2, 3]).unwrap();
+        d.start("b", second_prompt).unwrap();
+        d.append("a", &output).unwrap();
+        d.stats().trie_nodes
+    };
+    let shared = trie_nodes(&[1, 2, 3]);
+    let distinct = trie_nodes(&[4, 5, 6]);
+    // orders up to 8 for each output token, against 3 when not shared
+    assert!(
+        shared > 2 * distinct,
+        "shared {shared}, distinct {distinct}"
+    );
+}
+
+#[test]
 fn concurrent_steps_from_many_threads() {
     let d = Arc::new(drafter());
     let handles: Vec<_> = (0..8)
