@@ -277,6 +277,23 @@ def test_drafter_gets_whole_requests_overlap_tokens_feedback_and_departures(make
     assert worker.lookahead_stats()["resyncs"] == 0
 
 
+def test_samples_of_one_prompt_draft_from_each_other_in_the_worker(make_worker):
+    # SGLang expands n > 1 into requests with one prompt: they form a group with no flag, and
+    # a sample drafts what a sibling running ahead of it wrote.
+    drafter = embedded()
+    worker = make_worker(drafter)
+    prompt = FILLER[:12]
+    answer = list(range(100, 140))  # tokens no prompt has: only a sibling predicts them
+    ahead = make_req("q-0", prompt, answer[:30])
+    behind = make_req("q-1", prompt, answer[:10])
+    stranger = make_req("r-0", FILLER[12:24], answer[:10])
+    arrays = worker._prepare_draft_tokens(decode_batch([ahead, behind, stranger]))
+    tokens, mask = slots(arrays, 3)
+    assert longest_path(tokens[1], mask[1])[:5] == answer[10:15]
+    assert longest_path(tokens[2], mask[2])[:5] != answer[10:15], "another prompt's group"
+    assert drafter.stats()["active_groups"] == 2
+
+
 def test_without_overlap_the_committed_outputs_are_the_new_tokens(make_worker):
     drafter = RecordingDrafter(embedded())
     worker = make_worker(drafter, overlap=False)

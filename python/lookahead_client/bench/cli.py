@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .load import add_load_parser, run_load
 from .registry import DRAFTERS, DrafterOptions, UnknownDrafterError, get_spec
-from .replay import SHARING, ReplayError, ReplaySettings, replay
+from .replay import ADMISSION, SHARING, ReplayError, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
 from .workload import DEMO_WORKLOAD, WorkloadError, load_workload
 
@@ -38,12 +38,19 @@ def _int_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def _sharing_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in SHARING]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"expected a list of {'/'.join(SHARING)}, got {text!r}")
-    return list(dict.fromkeys(values))
+def _choice_list(choices: Sequence[str]):
+    """An argparse type: a comma-separated list of some of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(
+                f"expected a list of {'/'.join(choices)}, got {text!r}"
+            )
+        return list(dict.fromkeys(values))
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,9 +85,28 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--replicas", type=_int_list, default=[1], help="replicas R")
     rp.add_argument(
         "--sharing",
-        type=_sharing_list,
+        type=_choice_list(SHARING),
         default=["shared"],
         help="with R > 1: one drafter for all replicas (shared) or one each (private)",
+    )
+    rp.add_argument(
+        "--admission",
+        type=_choice_list(ADMISSION),
+        default=["continuous"],
+        help="continuous: a free slot takes the next request; lockstep: the requests of a "
+        "group (the samples of a prompt) start together, as in an RL rollout step",
+    )
+    rp.add_argument(
+        "--group-names",
+        action="store_true",
+        help="every request names its workload group as its drafter group (default: "
+        "drafters group requests by prompt on their own)",
+    )
+    rp.add_argument(
+        "--split",
+        choices=("a", "b"),
+        help="replay half of each workload, split by group (a: the 1st, 3rd... group of the "
+        "file; b: the 2nd, 4th...), for tuning on one half and checking on the other",
     )
     rp.add_argument("--target", help="server address for the 'remote' drafter")
     rp.add_argument(
@@ -101,11 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> list[ReplaySettings]:
     out = []
-    for replicas in args.replicas:
-        for sharing in args.sharing if replicas > 1 else args.sharing[:1]:
-            for concurrency in args.concurrency:
-                for budget in args.budget:
-                    out.append(ReplaySettings(budget, concurrency, replicas, sharing))
+    for admission in args.admission:
+        for replicas in args.replicas:
+            for sharing in args.sharing if replicas > 1 else args.sharing[:1]:
+                for concurrency in args.concurrency:
+                    for budget in args.budget:
+                        out.append(
+                            ReplaySettings(
+                                budget,
+                                concurrency,
+                                replicas,
+                                sharing,
+                                admission,
+                                args.group_names,
+                            )
+                        )
     return out
 
 
@@ -127,6 +163,8 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise ValueError(f"--sglang-capacity must be >= 1, got {args.sglang_capacity}")
         paths = args.workload or [str(DEMO_WORKLOAD)]
         workloads = [(path, load_workload(path, limit=args.limit)) for path in paths]
+        if args.split:
+            workloads = [(path, w.half(args.split)) for path, w in workloads]
     except (UnknownDrafterError, ImportError, ValueError, WorkloadError) as exc:
         print(f"lookahead-bench: error: {exc}", file=sys.stderr)
         return 2
@@ -141,7 +179,7 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 options = DrafterOptions(s.budget, args.target, args.sglang_capacity)
                 desc = (
                     f"{workload.name} {spec.name} B={s.budget} C={s.concurrency} "
-                    f"R={s.replicas} {s.sharing_label}"
+                    f"R={s.replicas} {s.sharing_label} {s.admission}"
                 )
                 with tqdm(
                     total=workload.response_tokens,

@@ -11,6 +11,10 @@ Semantics (``shared/workloads/FORMAT.md``), and the exact order of events chosen
   1. **Admit.** Free slots are filled from the replica's queue in file order. A request whose
      ``after`` request has not finished (in an earlier round, on any replica) is skipped, and
      later requests may take the slot. Prefill gives the first response token at once.
+     With ``admission="lockstep"`` (an RL rollout step: the samples of a prompt start
+     together), the requests of one group in the replica's queue are admitted together, once
+     there are free slots for all of them (for a group larger than the slots: as many as fit
+     once the replica is idle); later groups wait their turn.
   2. **Draft.** One ``drafter.step`` call carries, in this order: every request of this
      replica that finished in its previous step (``finished=True`` with its last new tokens;
      it gets no draft), then every active request (the tokens it gained since its last step:
@@ -29,8 +33,12 @@ Semantics (``shared/workloads/FORMAT.md``), and the exact order of events chosen
   ``finished=True`` in the step of its admission and takes no slot.
 * Shared drafters (``sharing="shared"``) serve every replica (one ``step`` call per replica
   and round); private ones serve one replica each. With one replica the two are the same.
+* With ``group_names``, every request names its workload group as its drafter group
+  (``StepRequest.group``); without, drafters group requests by prompt on their own.
 
-Figure of merit: MAT = sum(accepted) / sum(steps), over all requests.
+Figure of merit: MAT = sum(accepted) / sum(steps), over all requests. It is also reported by
+phase: steps that start in the first half of their response, and the others (late in a
+rollout, the siblings ahead have the most to give).
 """
 
 from __future__ import annotations
@@ -43,10 +51,20 @@ from lookahead_client.types import Drafter, DraftTree, StepRequest
 
 from .workload import Request, Workload
 
-__all__ = ["SHARING", "ReplayError", "ReplaySettings", "ReplayResult", "accepted_length", "replay"]
+__all__ = [
+    "ADMISSION",
+    "SHARING",
+    "ReplayError",
+    "ReplaySettings",
+    "ReplayResult",
+    "accepted_length",
+    "replay",
+]
 
 #: The values of ``ReplaySettings.sharing``; "n/a" is what one replica reports.
 SHARING = ("shared", "private")
+#: The values of ``ReplaySettings.admission``.
+ADMISSION = ("continuous", "lockstep")
 
 
 class ReplayError(RuntimeError):
@@ -62,12 +80,17 @@ class ReplaySettings:
         concurrency: slots per replica (C).
         replicas: engines the requests are dealt to (R).
         sharing: "shared" (one drafter for all replicas) or "private" (one each).
+        admission: "continuous" (any free slot takes the next request) or "lockstep" (the
+            requests of a group start together).
+        group_names: requests name their workload group as their drafter group.
     """
 
     budget: int = 8
     concurrency: int = 1
     replicas: int = 1
     sharing: str = "shared"
+    admission: str = "continuous"
+    group_names: bool = False
 
     def __post_init__(self) -> None:
         for name in ("budget", "concurrency", "replicas"):
@@ -76,6 +99,8 @@ class ReplaySettings:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.sharing not in SHARING:
             raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        if self.admission not in ADMISSION:
+            raise ValueError(f"admission must be one of {ADMISSION}, got {self.admission!r}")
 
     @property
     def drafters_needed(self) -> int:
@@ -101,11 +126,15 @@ class ReplayResult:
         setup_s: seconds spent making the drafters (part of ``wall_s``).
         engine_steps: engine steps (one ``drafter.step`` call each), summed over replicas.
         drafter_stats: ``stats()`` of each drafter instance at the end.
+        phase_steps, phase_accepted: ``steps`` and ``accepted`` split by phase: steps that
+            start in the first half of their response, then the others.
     """
 
     requests: int = 0
     steps: int = 0
     accepted: int = 0
+    phase_steps: list[int] = field(default_factory=lambda: [0, 0])
+    phase_accepted: list[int] = field(default_factory=lambda: [0, 0])
     wall_s: float = 0.0
     drafter_s: float = 0.0
     setup_s: float = 0.0
@@ -121,6 +150,11 @@ class ReplayResult:
     def tokens_per_step(self) -> float:
         """Tokens the target emits per step: MAT + 1."""
         return self.mat + 1.0
+
+    def phase_mat(self, phase: int) -> float:
+        """MAT of the steps of one phase (0: first half of the responses, 1: second half)."""
+        steps = self.phase_steps[phase]
+        return self.phase_accepted[phase] / steps if steps else 0.0
 
 
 def accepted_length(tree: DraftTree, target: Sequence[int]) -> int:
@@ -156,7 +190,7 @@ class _Live:
         self.steps = 0
         self.accepted = 0
 
-    def step_request(self, budget: int, finished: bool) -> StepRequest:
+    def step_request(self, budget: int, finished: bool, group_names: bool) -> StepRequest:
         req = StepRequest(
             self.req.id,
             self.new,
@@ -164,6 +198,7 @@ class _Live:
             self.req.prompt if self.first else None,
             self.accepted_last,
             finished,
+            self.req.group if group_names and self.first else None,
         )
         self.first = False
         self.new = []
@@ -181,15 +216,21 @@ class _Engine:
         self.finished: list[_Live] = []
         self.drafter = drafter
 
-    def admit(self, slots: int, done: set[str], finished_now: list[str]) -> int:
+    def admit(self, slots: int, done: set[str], finished_now: list[str], lockstep: bool) -> int:
         """Fills free slots (see the module docstring); returns how many requests started."""
         free = slots - len(self.active)
         if free <= 0 or not self.queue:
             return 0
+        if lockstep:
+            group = self.queue[0].group
+            size = next((i for i, r in enumerate(self.queue) if r.group != group), len(self.queue))
+            if size > free and (self.active or size <= slots):
+                return 0  # the group waits until it can start together
+            free = min(size, free)
         started = 0
         kept: list[Request] = []
         for i, req in enumerate(self.queue):
-            if free <= 0:
+            if free <= 0 or (lockstep and req.group != self.queue[0].group):
                 kept.extend(self.queue[i:])
                 break
             if req.after is not None and req.after not in done:
@@ -230,6 +271,7 @@ def replay(
     """
     t0 = time.perf_counter()
     budget, slots = settings.budget, settings.concurrency
+    lockstep, names = settings.admission == "lockstep", settings.group_names
     drafters = [drafter_factory() for _ in range(settings.drafters_needed)]
     setup_s = time.perf_counter() - t0
     engines = [
@@ -244,11 +286,11 @@ def replay(
         finished_now: list[str] = []
         produced = 0
         for engine in engines:
-            produced += engine.admit(slots, done, finished_now)  # one prefill token each
+            produced += engine.admit(slots, done, finished_now, lockstep)  # a prefill token each
             if not (engine.active or engine.finished):
                 continue
-            batch = [live.step_request(budget, True) for live in engine.finished]
-            batch += [live.step_request(budget, False) for live in engine.active]
+            batch = [live.step_request(budget, True, names) for live in engine.finished]
+            batch += [live.step_request(budget, False, names) for live in engine.active]
             for live in engine.finished:
                 result.requests += 1
                 result.steps += live.steps
@@ -278,6 +320,9 @@ def replay(
                 live.steps += 1
                 live.accepted += acc
                 live.accepted_last = acc
+                phase = 0 if 2 * pos < len(response) else 1
+                result.phase_steps[phase] += 1
+                result.phase_accepted[phase] += acc
                 produced += advance
                 if live.pos == len(response):
                     engine.finished.append(live)

@@ -69,6 +69,22 @@ class Workload:
         """The total number of response tokens (what a replay advances through)."""
         return sum(len(r.response) for r in self.requests)
 
+    def half(self, which: str) -> Workload:
+        """One half of the workload split by group, for held-out checks: ``"a"`` keeps the
+        groups that appear 1st, 3rd, 5th... in the file, ``"b"`` the 2nd, 4th... (a group's
+        requests, and the earlier turns its requests wait for, stay together). Named
+        ``<name>-a`` or ``<name>-b``.
+
+        Raises:
+            WorkloadError: ``which`` is neither "a" nor "b".
+        """
+        if which not in ("a", "b"):
+            raise WorkloadError(f"split must be 'a' or 'b', got {which!r}", field="split")
+        order = list(dict.fromkeys(r.group for r in self.requests))
+        keep = set(order[0 if which == "a" else 1 :: 2])
+        kept = tuple(r for r in self.requests if r.group in keep)
+        return Workload(name=f"{self.name}-{which}", requests=kept)
+
 
 def _token_list(value: object, where: str, field: str, line: int) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:

@@ -175,8 +175,8 @@ fn sibling_heuristic(s: &SiblingEvidence) -> f32 {
     if s.agree == 0 {
         return 0.01;
     }
-    let share = s.agree as f32 / (s.total as f32 + 0.5);
-    let trust = s.match_len as f32 / (s.match_len as f32 + 2.0);
+    let share = s.agree as f32 / s.total.max(1) as f32;
+    let trust = s.match_len as f32 / (s.match_len as f32 + 1.5);
     (share * trust).clamp(0.01, 0.95)
 }
 

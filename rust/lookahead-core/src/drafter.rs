@@ -306,7 +306,7 @@ impl Drafter {
                 let text: Vec<Token> = prompt.iter().chain(output).copied().collect();
                 self.insert_text(&text, if shared { prompt.len() } else { usize::MAX });
                 if *finished {
-                    self.siblings.lock().record(key, output);
+                    self.siblings.lock().record(key, output.as_slice().into());
                 }
             }
         }
@@ -342,6 +342,9 @@ impl Drafter {
             .saturating_sub(self.request_bytes.load(Ordering::Relaxed));
         let member = member_key(origin, &update.member);
         group.extend(member, update.offset, &update.tokens, room);
+        if update.finished {
+            group.finish(member);
+        }
         self.account_group(&mut group);
         Ok(())
     }
@@ -540,12 +543,7 @@ impl Drafter {
         self.request_bytes
             .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
         state.accounted_bytes = 0;
-        self.leave_group(&state);
-        if finished {
-            self.siblings
-                .lock()
-                .record(state.group_key, state.response());
-        }
+        self.leave_group(&state, finished);
         if self.config.record_for_cluster {
             let own = state.own_text();
             let text = LearnedText::Request {
@@ -559,11 +557,18 @@ impl Drafter {
         true
     }
 
-    /// Takes a removed request out of its group; the last one out drops the group (its
-    /// finished outputs live on as sibling responses) and frees its memory.
-    fn leave_group(&self, state: &RequestState) {
+    /// Takes a removed request out of its group; a finished one's output becomes history for
+    /// later requests of the group (now, and as a sibling response once the group is gone).
+    /// The last one out drops the group and frees its memory.
+    fn leave_group(&self, state: &RequestState, finished: bool) {
         let mut groups = self.groups.lock();
         let mut group = state.group.lock();
+        if finished && !state.response().is_empty() {
+            let output = group
+                .finish(state.member)
+                .unwrap_or_else(|| state.response().into());
+            self.siblings.lock().record(state.group_key, output);
+        }
         group.active -= 1;
         if group.active == 0 {
             groups.remove(&state.group_key);
@@ -615,7 +620,7 @@ impl Drafter {
 
     /// The group of a request that starts, which it joins (formed if it has no active
     /// request).
-    fn join_group(&self, key: GroupKey, request_id: &str) -> (SharedGroup, u64) {
+    fn join_group(&self, key: GroupKey, request_id: &str) -> (SharedGroup, u64, Vec<Arc<[Token]>>) {
         let mut groups = self.groups.lock();
         let group = groups
             .entry(key)
@@ -624,10 +629,10 @@ impl Drafter {
         let member = member_key("", request_id);
         let mut g = group.lock();
         g.active += 1;
-        g.join(member, 0);
+        let history = g.join_with_history(member);
         self.account_group(&mut g);
         drop(g);
-        (group, member)
+        (group, member, history)
     }
 
     fn begin(&self, item: &StepItem<'_>, prompt: &[Token]) -> Result<SharedRequest, DraftError> {
@@ -657,9 +662,8 @@ impl Drafter {
         // Built outside the table's lock: indexing a long prompt takes a while.
         let name = item.group.filter(|name| !name.is_empty());
         let key = group_key(name, prompt)?;
-        let (group, member) = self.join_group(key, request_id);
-        let prefix = group.lock().prefix.clone();
-        let mut state = RequestState::new(self.config.max_ngram, &prefix, group, member);
+        let (group, member, history) = self.join_group(key, request_id);
+        let mut state = RequestState::new(self.config.max_ngram, &history, group, member);
         state.append(prompt, &self.calibration);
         state.prompt_len = prompt.len();
         state.group_key = key;
@@ -667,7 +671,7 @@ impl Drafter {
         let mut requests = self.requests.lock();
         if requests.contains_key(request_id) {
             drop(requests);
-            self.leave_group(&state);
+            self.leave_group(&state, false);
             return Err(already_active());
         }
         self.account(&mut state);

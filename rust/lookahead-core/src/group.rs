@@ -19,8 +19,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::Token;
-use crate::group_index::{GroupIndex, member_bit};
+use crate::group_index::{GroupIndex, MemberSet, member_bit};
 use crate::hashing::pair_hash;
+use crate::siblings::MAX_SIBLING_TOKENS;
 
 /// The longest group name accepted, in bytes.
 pub const MAX_GROUP_NAME_BYTES: usize = 256;
@@ -76,6 +77,11 @@ struct Member {
     indexed: usize,
     /// No more of its output is kept (memory ran short, or its updates had a gap).
     closed: bool,
+    /// Its whole output, once it finished.
+    finished: Option<Arc<[Token]>>,
+    /// Members whose text the member has in its own history (itself, and the finished
+    /// outputs it started with): what the group index tells it about them is not news.
+    sees: MemberSet,
 }
 
 /// A group of requests (see the module docs).
@@ -107,7 +113,11 @@ impl Group {
 
     /// Heap bytes held (outputs, index, member table).
     pub fn heap_bytes(&self) -> usize {
-        let outputs: usize = self.members.iter().map(|m| m.output.capacity()).sum();
+        let outputs: usize = self
+            .members
+            .iter()
+            .map(|m| m.output.capacity() + m.finished.as_ref().map_or(0, |f| f.len()))
+            .sum();
         outputs * size_of::<Token>()
             + self.members.capacity() * size_of::<Member>()
             + self.by_key.capacity() * (size_of::<(u64, u32)>() + 1)
@@ -135,6 +145,8 @@ impl Group {
             output: Vec::new(),
             indexed: 0,
             closed: false,
+            finished: None,
+            sees: member_bit(slot),
         });
         self.by_key.insert(key, slot);
         if let Some(index) = &mut self.index {
@@ -194,15 +206,57 @@ impl Group {
         }
     }
 
-    /// The index, with the match of member `key`'s output and its own bit, once the group
-    /// has other members with output.
+    /// The history a new member starts with: the outputs of the members that finished, the
+    /// most recent first, then the sibling responses the group formed with; at most
+    /// [`MAX_SIBLING_TOKENS`] tokens. Joins member `key`, which is told that it has those
+    /// members' text already.
+    pub fn join_with_history(&mut self, key: u64) -> Vec<Arc<[Token]>> {
+        let slot = self.join(key, 0);
+        let mut history = Vec::new();
+        let mut sees = member_bit(slot);
+        let mut total = 0;
+        let finished = self.members.iter().enumerate().rev();
+        for (i, output) in finished.filter_map(|(i, m)| Some((i, m.finished.clone()?))) {
+            total += output.len();
+            if total > MAX_SIBLING_TOKENS {
+                break;
+            }
+            sees |= member_bit(i as u32);
+            history.push(output);
+        }
+        for response in &self.prefix {
+            total += response.len();
+            if total > MAX_SIBLING_TOKENS {
+                break;
+            }
+            history.push(response.clone());
+        }
+        self.members[slot as usize].sees = sees;
+        history
+    }
+
+    /// Member `key` ended with the output known of it: later members start with it (see
+    /// [`Self::join_with_history`]). Returns that output.
+    pub fn finish(&mut self, key: u64) -> Option<Arc<[Token]>> {
+        let slot = *self.by_key.get(&key)?;
+        let member = &mut self.members[slot as usize];
+        if member.closed || member.base != 0 || member.output.is_empty() {
+            return None; // not the whole output: no history to start from
+        }
+        let output: Arc<[Token]> = member.output.as_slice().into();
+        member.finished = Some(output.clone());
+        Some(output)
+    }
+
+    /// The index, with the match of member `key`'s output and the members it already knows,
+    /// once the group has other members with output.
     pub fn draft_source(&self, key: u64) -> Option<crate::draft::GroupSource<'_>> {
         let index = self.index.as_ref()?;
         let slot = *self.by_key.get(&key)?;
         Some(crate::draft::GroupSource {
             index,
             root: index.member_match(slot),
-            own: member_bit(slot),
+            own: self.members[slot as usize].sees,
         })
     }
 }

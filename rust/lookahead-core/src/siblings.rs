@@ -45,13 +45,14 @@ impl SiblingResponses {
     }
 
     /// Remembers a finished response of a request of group `key`.
-    pub fn record(&mut self, key: GroupKey, response: &[Token]) {
+    pub fn record(&mut self, key: GroupKey, response: Arc<[Token]>) {
         if response.is_empty() || response.len() > self.max_tokens {
             return;
         }
+        let len = response.len();
         let list = self.by_prompt.entry(key).or_default();
-        list.push_front(response.into());
-        self.tokens += response.len();
+        list.push_front(response);
+        self.tokens += len;
         if list.len() > SIBLINGS_PER_PROMPT
             && let Some(old) = list.pop_back()
         {
@@ -96,7 +97,7 @@ impl SiblingResponses {
                 if response.contains(&crate::SEPARATOR) {
                     return Err(SnapshotError::Corrupt("separator token inside a response"));
                 }
-                store.record(key, &response);
+                store.record(key, response.into());
             }
         }
         Ok(store)
@@ -132,10 +133,10 @@ mod tests {
     fn bounded_and_most_recent_first() {
         let mut s = SiblingResponses::new(10);
         let k = GroupKey::of_prompt(&[1, 2, 3]);
-        s.record(k, &[1, 2, 3, 4]);
-        s.record(k, &[5, 6, 7, 8]);
+        s.record(k, [1, 2, 3, 4].into());
+        s.record(k, [5, 6, 7, 8].into());
         assert_eq!(s.get(k)[0].as_ref(), &[5, 6, 7, 8]);
-        s.record(GroupKey::of_prompt(&[9]), &[9, 9, 9, 9]);
+        s.record(GroupKey::of_prompt(&[9]), [9, 9, 9, 9].into());
         assert!(s.tokens <= 10);
         assert!(s.get(k).is_empty(), "the least recent prompt went first");
     }
