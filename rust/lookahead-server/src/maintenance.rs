@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -71,9 +70,7 @@ impl Maintenance {
                 continue;
             };
             if expired > 0 {
-                ns.metrics()
-                    .expired_requests
-                    .fetch_add(expired as u64, Ordering::Relaxed);
+                ns.metrics().expired(expired as u64);
                 tracing::info!(namespace = %ns.name(), expired, ttl_s = ttl.as_secs_f64(), "idle requests ended (--request-ttl)");
             }
         }
@@ -98,18 +95,16 @@ pub async fn snapshot_all(
         });
         match task.await {
             Ok((ns, bytes, Ok(path))) => {
-                ns.metrics()
-                    .snapshots_written
-                    .fetch_add(1, Ordering::Relaxed);
+                ns.metrics().snapshot_written();
                 tracing::debug!(namespace = %ns.name(), path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "snapshot written");
                 written.push(path);
             }
             Ok((ns, _, Err(e))) => {
-                metrics.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+                metrics.snapshot_failed();
                 tracing::error!(namespace = %ns.name(), error = %e, "snapshot NOT written");
             }
             Err(e) => {
-                metrics.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+                metrics.snapshot_failed();
                 tracing::error!(error = %e, "snapshot task failed");
             }
         }

@@ -17,8 +17,7 @@ use std::thread::JoinHandle;
 use lookahead_core::{ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepItem};
 use parking_lot::{Mutex, RwLock};
 
-use crate::metrics::NamespaceMetrics;
-use crate::persistence::Restored;
+use crate::metrics::{DrafterStatsSource, NamespaceMetrics, ServerMetrics};
 
 /// The namespace used when a call names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -129,16 +128,20 @@ impl FlushState {
 }
 
 impl Namespace {
-    fn new(name: &str, config: DrafterConfig) -> Result<Self, NamespaceError> {
+    fn new(
+        name: &str,
+        config: DrafterConfig,
+        metrics: NamespaceMetrics,
+    ) -> Result<Self, NamespaceError> {
         let drafter = Drafter::new(config).map_err(|source| NamespaceError::Config {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(name, drafter))
+        Ok(Self::with_drafter(name, drafter, metrics))
     }
 
     /// A namespace over an existing drafter (one restored from a snapshot).
-    fn with_drafter(name: &str, drafter: Drafter) -> Self {
+    fn with_drafter(name: &str, drafter: Drafter, metrics: NamespaceMetrics) -> Self {
         let drafter = Arc::new(drafter);
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
@@ -173,7 +176,7 @@ impl Namespace {
             flush,
             wake,
             thread,
-            metrics: NamespaceMetrics::default(),
+            metrics,
         }
     }
 
@@ -273,16 +276,27 @@ pub struct Namespaces {
     map: RwLock<HashMap<String, Arc<Namespace>>>,
     limit: usize,
     config: DrafterConfig,
+    metrics: Arc<ServerMetrics>,
+}
+
+impl std::fmt::Debug for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespaces")
+            .field("names", &self.names())
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Namespaces {
     /// An empty set that creates up to `limit` namespaces, each with `config` (which holds
-    /// the namespace's share of the memory budget).
-    pub fn new(config: DrafterConfig, limit: usize) -> Self {
+    /// the namespace's share of the memory budget); their counters go to `metrics`.
+    pub fn new(config: DrafterConfig, limit: usize, metrics: Arc<ServerMetrics>) -> Self {
         Self {
             map: RwLock::new(HashMap::new()),
             limit,
             config,
+            metrics,
         }
     }
 
@@ -324,23 +338,28 @@ impl Namespaces {
                 limit: self.limit,
             });
         }
-        let ns = Arc::new(Namespace::new(name, self.config.clone())?);
+        let ns = Arc::new(Namespace::new(
+            name,
+            self.config.clone(),
+            self.metrics.namespace(name),
+        )?);
         map.insert(name.to_string(), Arc::clone(&ns));
         tracing::info!(namespace = name, count = map.len(), "namespace created");
         Ok(ns)
     }
 
-    /// Adds namespaces restored from snapshots (before serving). Names already present and
-    /// those past the limit are skipped with a warning.
-    pub fn restore(&self, restored: Vec<Restored>) {
+    /// Adds namespaces restored from snapshots (before serving): (name, drafter) pairs.
+    /// Names already present and those past the limit are skipped with a warning.
+    pub fn restore(&self, restored: impl IntoIterator<Item = (String, Drafter)>) {
         let mut map = self.map.write();
-        for r in restored {
-            if map.contains_key(&r.namespace) || map.len() >= self.limit {
-                tracing::warn!(namespace = %r.namespace, "restored namespace skipped (duplicate or over --max-namespaces)");
+        for (name, drafter) in restored {
+            if map.contains_key(&name) || map.len() >= self.limit {
+                tracing::warn!(namespace = %name, "restored namespace skipped (duplicate or over --max-namespaces)");
                 continue;
             }
-            let ns = Arc::new(Namespace::with_drafter(&r.namespace, r.drafter));
-            map.insert(r.namespace, ns);
+            let metrics = self.metrics.namespace(&name);
+            let ns = Arc::new(Namespace::with_drafter(&name, drafter, metrics));
+            map.insert(name, ns);
         }
     }
 
@@ -356,6 +375,15 @@ impl Namespaces {
         let mut names: Vec<String> = self.map.read().keys().cloned().collect();
         names.sort();
         names
+    }
+}
+
+impl DrafterStatsSource for Namespaces {
+    fn drafter_stats(&self) -> Vec<(String, Stats)> {
+        self.all()
+            .iter()
+            .map(|ns| (ns.name().to_string(), ns.stats()))
+            .collect()
     }
 }
 
@@ -389,7 +417,7 @@ mod tests {
 
     #[test]
     fn namespaces_are_created_up_to_the_limit_and_kept_apart() {
-        let set = Namespaces::new(DrafterConfig::default(), 2);
+        let set = Namespaces::new(DrafterConfig::default(), 2, Arc::default());
         assert!(matches!(set.get("a"), Err(NamespaceError::NotFound { .. })));
         let a = set.get_or_create("a").expect("created");
         set.get_or_create("").expect("default created");
@@ -413,7 +441,7 @@ mod tests {
 
     #[test]
     fn end_if_active_tells_whether_the_request_existed() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         let ns = set.get_or_create("x").expect("created");
         assert_eq!(ns.end_if_active("r"), Ok(false));
         assert!(ns.step(&[item("r", Some(&[5, 6]), &[], 0)])[0].is_ok());

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use futures_util::TryStreamExt;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -16,12 +17,13 @@ use crate::auth::Auth;
 use crate::config::{ListenAddr, ServerConfig};
 use crate::error::ServerError;
 use crate::maintenance::{Maintenance, snapshot_all};
-use crate::metrics::ServerMetrics;
+use crate::metrics::{DrafterStatsSource, ServerMetrics};
 use crate::namespaces::Namespaces;
 use crate::pb;
 use crate::pb::lookahead_server::LookaheadServer;
 use crate::persistence::load_all;
 use crate::service::{LookaheadService, ServiceLimits};
+use crate::uds_authority::AuthorityFix;
 use std::sync::Arc;
 
 /// An address the server is listening on (ports resolved).
@@ -74,7 +76,12 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         })?,
         None => Auth::disabled(),
     };
-    let namespaces = Namespaces::new(config.namespace_drafter_config(), config.max_namespaces);
+    let metrics = Arc::new(ServerMetrics::default());
+    let namespaces = Namespaces::new(
+        config.namespace_drafter_config(),
+        config.max_namespaces,
+        Arc::clone(&metrics),
+    );
     if let Some(dir) = &ops.snapshot_dir {
         let (dir, drafter) = (dir.clone(), config.namespace_drafter_config());
         let (on_corrupt, limit) = (ops.on_corrupt, config.max_namespaces);
@@ -83,7 +90,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
                 .await
                 .map_err(|e| ServerError::Runtime(std::io::Error::other(e.to_string())))?
                 .map_err(ServerError::Snapshot)?;
-        namespaces.restore(restored);
+        namespaces.restore(restored.into_iter().map(|r| (r.namespace, r.drafter)));
     }
     let mut listeners = Vec::with_capacity(config.listen.len());
     for addr in &config.listen {
@@ -92,7 +99,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     let metrics_listener = match &ops.metrics_listen {
         Some(addr) => {
             let (listener, local) =
-                crate::metrics::bind(addr)
+                crate::metrics_http::bind(addr)
                     .await
                     .map_err(|source| ServerError::Bind {
                         addr: format!("{addr} (--metrics-listen)"),
@@ -106,7 +113,6 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let namespaces = Arc::new(namespaces);
     let auth = Arc::new(auth);
-    let metrics = Arc::new(ServerMetrics::default());
     let limits = ServiceLimits {
         max_requests_per_step: config.max_requests_per_step,
         max_message_bytes: config.max_message_bytes,
@@ -251,10 +257,13 @@ impl BoundServer {
         );
         if let Some((addr, listener)) = metrics_listener {
             tracing::info!(address = %addr, "metrics endpoint listening (GET /metrics)");
-            let (namespaces, metrics) = (Arc::clone(&namespaces), Arc::clone(&metrics));
-            background.spawn(crate::metrics::serve(listener, move || {
-                crate::metrics::render(&namespaces, &metrics)
-            }));
+            let drafters: Arc<dyn DrafterStatsSource> = namespaces.clone();
+            let registry = Arc::new(crate::metrics::registry(&metrics, drafters));
+            background.spawn(crate::metrics_http::serve(
+                listener,
+                registry,
+                shutdown.subscribe(),
+            ));
         }
         if auth.enabled() {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -327,7 +336,8 @@ impl BoundServer {
                 Listener::Unix(path, listener) => {
                     tracing::info!(path = %path.display(), "listening (unix)");
                     sockets.push(path.clone());
-                    let incoming = UnixListenerStream::new(listener);
+                    // Stock gRPC clients send the socket path as :authority: see uds_authority.
+                    let incoming = UnixListenerStream::new(listener).map_ok(AuthorityFix::new);
                     tasks.spawn(async move {
                         router
                             .serve_with_incoming_shutdown(incoming, stopped)
