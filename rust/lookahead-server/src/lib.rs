@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;

@@ -12,7 +12,7 @@ use crate::auth::Auth;
 use crate::config::OpsConfig;
 use crate::metrics::ServerMetrics;
 use crate::namespaces::Namespaces;
-use crate::persistence::write_atomic;
+use crate::persistence::{encode_file, write_atomic};
 
 /// What the upkeep task works on.
 pub struct Maintenance {
@@ -89,9 +89,10 @@ pub async fn snapshot_all(
         let dir = dir.to_path_buf();
         let started = Instant::now();
         let task = tokio::task::spawn_blocking(move || {
-            let bytes = ns.snapshot();
-            let outcome = write_atomic(&dir, ns.name(), &bytes);
-            (ns, bytes.len(), outcome)
+            let snapshot = ns.snapshot();
+            let file = encode_file(&snapshot.bytes, snapshot.replicated_through);
+            let outcome = write_atomic(&dir, ns.name(), &file);
+            (ns, file.len(), outcome)
         });
         match task.await {
             Ok((ns, bytes, Ok(path))) => {

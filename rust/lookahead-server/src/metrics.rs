@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use lookahead_core::Stats;
@@ -16,7 +17,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -175,6 +176,197 @@ impl ServerMetrics {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SkipLabels {
+    namespace: String,
+    reason: String,
+}
+
+/// Upper bounds (seconds) of the cluster's apply lag histogram: publish to apply.
+pub const CLUSTER_LAG_BOUNDS_S: [f64; 16] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// The counters of the cluster connection (`--cluster`).
+#[derive(Debug)]
+pub struct ClusterMetrics {
+    connected: Gauge,
+    connections: Counter,
+    published_messages: Counter,
+    published_tokens: Counter,
+    dropped_messages: Counter,
+    dropped_tokens: Counter,
+    outgoing_bytes: Gauge,
+    consumed_messages: Family<NamespaceLabel, Counter>,
+    consumed_tokens: Family<NamespaceLabel, Counter>,
+    skipped_messages: Family<SkipLabels, Counter>,
+    lag_messages: Family<NamespaceLabel, Gauge>,
+    lag_seconds: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
+    applied_sequence: Family<NamespaceLabel, Gauge>,
+    apply_lag: Histogram,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        Self {
+            connected: Gauge::default(),
+            connections: Counter::default(),
+            published_messages: Counter::default(),
+            published_tokens: Counter::default(),
+            dropped_messages: Counter::default(),
+            dropped_tokens: Counter::default(),
+            outgoing_bytes: Gauge::default(),
+            consumed_messages: Family::default(),
+            consumed_tokens: Family::default(),
+            skipped_messages: Family::default(),
+            lag_messages: Family::default(),
+            lag_seconds: Family::default(),
+            applied_sequence: Family::default(),
+            apply_lag: Histogram::new(CLUSTER_LAG_BOUNDS_S),
+        }
+    }
+}
+
+fn label(namespace: &str) -> NamespaceLabel {
+    NamespaceLabel {
+        namespace: namespace.to_string(),
+    }
+}
+
+impl ClusterMetrics {
+    /// Records whether NATS is connected now (a new connection is counted).
+    pub fn set_connected(&self, connected: bool) {
+        let before = self.connected.set(i64::from(connected));
+        if connected && before == 0 {
+            self.connections.inc();
+        }
+    }
+
+    /// Counts a message NATS acknowledged.
+    pub fn published(&self, tokens: u64) {
+        self.published_messages.inc();
+        self.published_tokens.inc_by(tokens);
+    }
+
+    /// Counts messages dropped from the full outgoing buffer.
+    pub fn dropped(&self, messages: u64, tokens: u64) {
+        self.dropped_messages.inc_by(messages);
+        self.dropped_tokens.inc_by(tokens);
+    }
+
+    /// Records the bytes waiting in the outgoing buffer.
+    pub fn set_outgoing_bytes(&self, bytes: usize) {
+        self.outgoing_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a message of another node applied to `namespace`, `lag` after it was made.
+    pub fn consumed(&self, namespace: &str, tokens: u64, lag: Option<Duration>) {
+        let l = label(namespace);
+        self.consumed_messages.get_or_create(&l).inc();
+        self.consumed_tokens.get_or_create(&l).inc_by(tokens);
+        if let Some(lag) = lag {
+            self.apply_lag.observe(lag.as_secs_f64());
+        }
+    }
+
+    /// Counts a message skipped for `reason` (own, malformed, foreign, duplicate).
+    pub fn skipped(&self, namespace: &str, reason: &str) {
+        self.skipped_messages
+            .get_or_create(&SkipLabels {
+                namespace: namespace.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records how far `namespace` is behind the stream, and the last sequence applied.
+    pub fn set_position(&self, namespace: &str, applied: u64, pending: u64, lag: Duration) {
+        let l = label(namespace);
+        self.applied_sequence
+            .get_or_create(&l)
+            .set(i64::try_from(applied).unwrap_or(i64::MAX));
+        self.lag_messages
+            .get_or_create(&l)
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        self.lag_seconds.get_or_create(&l).set(lag.as_secs_f64());
+    }
+
+    /// Registers the cluster's families in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "lookahead_cluster_connected",
+            "1 while the NATS connection is up.",
+            self.connected.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_connections",
+            "NATS connections established (the first and every reconnection).",
+            self.connections.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_published_messages",
+            "Messages of learnt text acknowledged by JetStream.",
+            self.published_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_published_tokens",
+            "Tokens in the messages acknowledged by JetStream.",
+            self.published_tokens.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_dropped_messages",
+            "Outgoing messages dropped (oldest first) while NATS could not take them.",
+            self.dropped_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_dropped_tokens",
+            "Tokens in the dropped outgoing messages.",
+            self.dropped_tokens.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_outgoing_bytes",
+            "Bytes of messages waiting for NATS.",
+            self.outgoing_bytes.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_consumed_messages",
+            "Messages of other nodes applied.",
+            self.consumed_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_consumed_tokens",
+            "Tokens in the messages of other nodes applied.",
+            self.consumed_tokens.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_skipped_messages",
+            "Messages not applied, by reason (own, malformed, foreign, duplicate).",
+            self.skipped_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_lag_messages",
+            "Messages of the namespace's subject not applied yet.",
+            self.lag_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_lag_seconds",
+            "Age of the last message applied when more were pending (0 when caught up).",
+            self.lag_seconds.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_applied_sequence",
+            "Last stream sequence applied to the namespace.",
+            self.applied_sequence.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_apply_lag_seconds",
+            "Time from making a batch on one node to applying it on another.",
+            self.apply_lag.clone(),
+        );
+    }
+}
+
 /// Where the scrape-time drafter counters come from (the server's namespaces).
 pub trait DrafterStatsSource: fmt::Debug + Send + Sync + 'static {
     /// Every namespace's name and drafter counters, sorted by name.
@@ -278,10 +470,18 @@ impl Collector for DrafterCollector {
     }
 }
 
-/// The server's registry: the service's families plus the drafters' collector.
-pub fn registry(server: &ServerMetrics, drafters: Arc<dyn DrafterStatsSource>) -> Registry {
+/// The server's registry: the service's families, the cluster's (if any) and the drafters'
+/// collector.
+pub fn registry(
+    server: &ServerMetrics,
+    cluster: Option<&ClusterMetrics>,
+    drafters: Arc<dyn DrafterStatsSource>,
+) -> Registry {
     let mut registry = Registry::default();
     server.register(&mut registry);
+    if let Some(cluster) = cluster {
+        cluster.register(&mut registry);
+    }
     registry.register_collector(Box::new(DrafterCollector(drafters)));
     registry
 }
@@ -324,7 +524,7 @@ mod tests {
         ns.request_error("INVALID_ARGUMENT");
         ns.expired(2);
         server.call_error("Step", tonic::Code::NotFound);
-        let text = encode(&registry(&server, Arc::new(Fixed)));
+        let text = encode(&registry(&server, None, Arc::new(Fixed)));
         for line in [
             "lookahead_active_requests{namespace=\"m/1\"} 3",
             "lookahead_tokens_ingested_total{namespace=\"m/1\"} 7",

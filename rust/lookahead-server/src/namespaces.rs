@@ -87,6 +87,17 @@ pub struct Namespace {
     wake: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
     metrics: NamespaceMetrics,
+    /// The last cluster stream sequence applied (0: none). Held while a message is applied
+    /// and while a snapshot is encoded, so that a snapshot and its sequence agree.
+    replicated: Mutex<u64>,
+}
+
+/// A namespace's learnt state as snapshot bytes, with the cluster stream sequence it includes.
+pub struct NamespaceSnapshot {
+    /// The core's snapshot.
+    pub bytes: Vec<u8>,
+    /// The last stream sequence applied before it was taken (0: none).
+    pub replicated_through: u64,
 }
 
 /// What the flush thread and the steps share.
@@ -137,11 +148,17 @@ impl Namespace {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(name, drafter, metrics))
+        Ok(Self::with_drafter(name, drafter, metrics, 0))
     }
 
-    /// A namespace over an existing drafter (one restored from a snapshot).
-    fn with_drafter(name: &str, drafter: Drafter, metrics: NamespaceMetrics) -> Self {
+    /// A namespace over an existing drafter (one restored from a snapshot that included the
+    /// cluster stream up to `replicated_through`).
+    fn with_drafter(
+        name: &str,
+        drafter: Drafter,
+        metrics: NamespaceMetrics,
+        replicated_through: u64,
+    ) -> Self {
         let drafter = Arc::new(drafter);
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
@@ -177,6 +194,7 @@ impl Namespace {
             wake,
             thread,
             metrics,
+            replicated: Mutex::new(replicated_through),
         }
     }
 
@@ -185,20 +203,47 @@ impl Namespace {
         &self.metrics
     }
 
-    /// The learnt state as snapshot bytes (after the inserts of every answered step). Takes
-    /// only read locks of the drafter: steps go on meanwhile. CPU work: call it off the async
-    /// workers.
-    pub fn snapshot(&self) -> Vec<u8> {
+    /// The learnt state as snapshot bytes (after the inserts of every answered step), with
+    /// the cluster stream sequence it includes. Takes only read locks of the drafter: steps go
+    /// on meanwhile (messages of the cluster wait). CPU work: call it off the async workers.
+    pub fn snapshot(&self) -> NamespaceSnapshot {
         self.flush.settle(&self.drafter);
         // Holding the gate keeps the flush thread from queueing a trie writer, which would
         // block the steps' read sections until the snapshot is done.
         self.flush.snapshotting.store(true, Ordering::Release);
-        let bytes = {
+        let snapshot = {
             let _gate = self.flush.gate.lock();
-            self.drafter.snapshot()
+            let replicated = self.replicated.lock();
+            NamespaceSnapshot {
+                bytes: self.drafter.snapshot(),
+                replicated_through: *replicated,
+            }
         };
         self.flush.snapshotting.store(false, Ordering::Release);
-        bytes
+        snapshot
+    }
+
+    /// The last cluster stream sequence applied (0: none).
+    pub fn replicated_through(&self) -> u64 {
+        *self.replicated.lock()
+    }
+
+    /// Forgets the stream position (the stream it referred to is gone): the next message
+    /// applied may have any sequence.
+    pub fn restart_replication(&self) {
+        *self.replicated.lock() = 0;
+    }
+
+    /// Applies stream message `seq` with `apply`, unless a message at or after `seq` was
+    /// applied already (a redelivery: returns `None`). A snapshot never sees half of it.
+    pub fn apply_replicated<T>(&self, seq: u64, apply: impl FnOnce(&Drafter) -> T) -> Option<T> {
+        let mut replicated = self.replicated.lock();
+        if seq <= *replicated {
+            return None;
+        }
+        let outcome = apply(&self.drafter);
+        *replicated = seq;
+        Some(outcome)
     }
 
     /// Ends the requests no step touched for `max_idle`; returns how many.
@@ -348,17 +393,23 @@ impl Namespaces {
         Ok(ns)
     }
 
-    /// Adds namespaces restored from snapshots (before serving): (name, drafter) pairs.
-    /// Names already present and those past the limit are skipped with a warning.
-    pub fn restore(&self, restored: impl IntoIterator<Item = (String, Drafter)>) {
+    /// Adds namespaces restored from snapshots (before serving): (name, drafter, last cluster
+    /// stream sequence included). Names already present and those past the limit are skipped
+    /// with a warning.
+    pub fn restore(&self, restored: impl IntoIterator<Item = (String, Drafter, u64)>) {
         let mut map = self.map.write();
-        for (name, drafter) in restored {
+        for (name, drafter, replicated_through) in restored {
             if map.contains_key(&name) || map.len() >= self.limit {
                 tracing::warn!(namespace = %name, "restored namespace skipped (duplicate or over --max-namespaces)");
                 continue;
             }
             let metrics = self.metrics.namespace(&name);
-            let ns = Arc::new(Namespace::with_drafter(&name, drafter, metrics));
+            let ns = Arc::new(Namespace::with_drafter(
+                &name,
+                drafter,
+                metrics,
+                replicated_through,
+            ));
             map.insert(name, ns);
         }
     }

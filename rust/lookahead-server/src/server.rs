@@ -14,10 +14,11 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::auth::Auth;
+use crate::cluster::{Cluster, node_id};
 use crate::config::{ListenAddr, ServerConfig};
 use crate::error::ServerError;
 use crate::maintenance::{Maintenance, snapshot_all};
-use crate::metrics::{DrafterStatsSource, ServerMetrics};
+use crate::metrics::{ClusterMetrics, DrafterStatsSource, ServerMetrics};
 use crate::namespaces::Namespaces;
 use crate::pb;
 use crate::pb::lookahead_server::LookaheadServer;
@@ -62,6 +63,7 @@ pub struct BoundServer {
     metrics: Arc<ServerMetrics>,
     shutdown: watch::Sender<bool>,
     config: ServerConfig,
+    cluster: Option<(Cluster, Arc<ClusterMetrics>)>,
 }
 
 /// Binds every address of `config`, restores the snapshots of `--snapshot-dir`, loads the
@@ -90,7 +92,11 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
                 .await
                 .map_err(|e| ServerError::Runtime(std::io::Error::other(e.to_string())))?
                 .map_err(ServerError::Snapshot)?;
-        namespaces.restore(restored.into_iter().map(|r| (r.namespace, r.drafter)));
+        namespaces.restore(
+            restored
+                .into_iter()
+                .map(|r| (r.namespace, r.drafter, r.replicated_through)),
+        );
     }
     let mut listeners = Vec::with_capacity(config.listen.len());
     for addr in &config.listen {
@@ -112,6 +118,28 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     let tls = tls_config(ops)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let namespaces = Arc::new(namespaces);
+    let cluster = match &config.cluster {
+        Some(cluster_config) => {
+            let node_id = node_id::resolve(
+                cluster_config.node_id.as_deref(),
+                ops.snapshot_dir.as_deref(),
+            )
+            .map_err(|reason| ServerError::Config {
+                field: "node_id",
+                reason,
+            })?;
+            let cluster_metrics = Arc::new(ClusterMetrics::default());
+            let cluster = Cluster::start(
+                cluster_config.clone(),
+                node_id,
+                Arc::clone(&namespaces),
+                Arc::clone(&cluster_metrics),
+            )
+            .await?;
+            Some((cluster, cluster_metrics))
+        }
+        None => None,
+    };
     let auth = Arc::new(auth);
     let limits = ServiceLimits {
         max_requests_per_step: config.max_requests_per_step,
@@ -135,6 +163,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         metrics,
         shutdown,
         config: config.clone(),
+        cluster,
     })
 }
 
@@ -244,6 +273,7 @@ impl BoundServer {
             metrics,
             shutdown,
             config,
+            cluster,
         } = self;
         let mut background = JoinSet::new();
         background.spawn(
@@ -258,7 +288,12 @@ impl BoundServer {
         if let Some((addr, listener)) = metrics_listener {
             tracing::info!(address = %addr, "metrics endpoint listening (GET /metrics)");
             let drafters: Arc<dyn DrafterStatsSource> = namespaces.clone();
-            let registry = Arc::new(crate::metrics::registry(&metrics, drafters));
+            let cluster_metrics = cluster.as_ref().map(|(_, m)| m.as_ref());
+            let registry = Arc::new(crate::metrics::registry(
+                &metrics,
+                cluster_metrics,
+                drafters,
+            ));
             background.spawn(crate::metrics_http::serve(
                 listener,
                 registry,
@@ -384,6 +419,10 @@ impl BoundServer {
             tasks.abort_all();
         }
         background.abort_all();
+        // The last batches go out before the final snapshots record the stream position.
+        if let Some((cluster, _)) = cluster {
+            cluster.shutdown().await;
+        }
         if let Some(dir) = &config.ops.snapshot_dir {
             let written = snapshot_all(&namespaces, dir, &metrics).await;
             tracing::info!(files = written.len(), dir = %dir.display(), "final snapshots written");

@@ -533,7 +533,7 @@ mod tests {
         );
         assert_eq!(set.get("").expect("exists").stats().active_requests, 3);
         // The refused step is not timed; the two answered ones are.
-        let text = crate::metrics::encode(&crate::metrics::registry(&metrics, set));
+        let text = crate::metrics::encode(&crate::metrics::registry(&metrics, None, set));
         assert!(
             text.contains("lookahead_step_latency_seconds_count{namespace=\"default\"} 2"),
             "{text}"
