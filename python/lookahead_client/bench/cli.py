@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .cluster import ClusterLag
 from .load import add_load_parser, run_load
-from .registry import DRAFTERS, DrafterOptions, UnknownDrafterError, get_spec
-from .replay import SHARING, ReplayError, ReplaySettings, replay
+from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
+from .replay import SHARING, ReplayError, ReplayResult, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
-from .workload import DEMO_WORKLOAD, WorkloadError, load_workload
+from .workload import DEMO_WORKLOAD, Workload, WorkloadError, load_workload
 
 __all__ = ["main", "build_parser"]
 
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sharing",
         type=_sharing_list,
         default=["shared"],
-        help="with R > 1: one drafter for all replicas (shared) or one each (private)",
+        help="with R > 1: one drafter for all replicas (shared), one each (private), or one "
+        "lookahead-server each joined through a local nats-server (cluster; drafter lookahead)",
     )
     rp.add_argument("--target", help="server address for the 'remote' drafter")
     rp.add_argument(
@@ -125,9 +127,17 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise ValueError(f"{option}: the folder of {out} does not exist")
         if args.sglang_capacity < 1:
             raise ValueError(f"--sglang-capacity must be >= 1, got {args.sglang_capacity}")
+        if any(s.sharing == "cluster" for s in settings):
+            if drafters != ["lookahead"]:
+                raise ValueError("--sharing cluster runs the lookahead drafter only")
+            from lookahead_client.nats_process import find_nats_server
+            from lookahead_client.server_process import find_server_binary
+
+            find_nats_server()
+            find_server_binary()
         paths = args.workload or [str(DEMO_WORKLOAD)]
         workloads = [(path, load_workload(path, limit=args.limit)) for path in paths]
-    except (UnknownDrafterError, ImportError, ValueError, WorkloadError) as exc:
+    except (UnknownDrafterError, ImportError, ValueError, WorkloadError, FileNotFoundError) as exc:
         print(f"lookahead-bench: error: {exc}", file=sys.stderr)
         return 2
 
@@ -154,9 +164,7 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     mininterval=0.5,
                 ) as bar:
                     try:
-                        result = replay(
-                            workload, lambda f=spec.factory, o=options: f(o), s, progress=bar.update
-                        )
+                        result, lag = _run(workload, spec, options, s, bar.update)
                     except ReplayError as exc:
                         print(f"lookahead-bench: error: {desc}: {exc}", file=sys.stderr)
                         return 1
@@ -164,6 +172,18 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 row = result_row(workload.name, path, spec.name, s, result)
                 rows.append(row)
                 print(format_row(row), flush=True)
+                if lag is not None:
+                    row["cluster_lag"] = {
+                        "messages": lag.messages,
+                        "p50_s": lag.p50_s,
+                        "p99_s": lag.p99_s,
+                    }
+                    print(
+                        f"  cluster lag (made on one server -> applied on another): "
+                        f"p50 {lag.p50_s * 1e3:.1f} ms, p99 {lag.p99_s * 1e3:.1f} ms "
+                        f"over {lag.messages} messages",
+                        flush=True,
+                    )
                 if args.json:  # rewritten after every run: a long sweep keeps what it did
                     write_json(args.json, rows, argv)
     if args.plot:
@@ -172,6 +192,23 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         print(f"json: {args.json}")
     return 0
+
+
+def _run(
+    workload: Workload,
+    spec: DrafterSpec,
+    options: DrafterOptions,
+    settings: ReplaySettings,
+    progress: Callable[[int], object],
+) -> tuple[ReplayResult, ClusterLag | None]:
+    """One replay; with ``sharing="cluster"`` on a fresh local cluster, whose lag it returns."""
+    if settings.sharing != "cluster" or settings.replicas == 1:
+        return replay(workload, lambda: spec.factory(options), settings, progress=progress), None
+    from .cluster import LocalCluster
+
+    with LocalCluster(settings.replicas) as cluster:
+        result = replay(workload, cluster.factory(), settings, progress=progress)
+        return result, cluster.lag()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,8 @@ Semantics (``shared/workloads/FORMAT.md``), and the exact order of events chosen
   ``finished=True`` in the step of its admission and takes no slot.
 * Shared drafters (``sharing="shared"``) serve every replica (one ``step`` call per replica
   and round); private ones serve one replica each. With one replica the two are the same.
+  Cluster ones (``sharing="cluster"``) serve one replica each, like private ones, but learn
+  from each other through the cluster, as fast as it delivers (the replay does not wait).
 
 Figure of merit: MAT = sum(accepted) / sum(steps), over all requests.
 """
@@ -45,8 +47,9 @@ from .workload import Request, Workload
 
 __all__ = ["SHARING", "ReplayError", "ReplaySettings", "ReplayResult", "accepted_length", "replay"]
 
-#: The values of ``ReplaySettings.sharing``; "n/a" is what one replica reports.
-SHARING = ("shared", "private")
+#: The values of ``ReplaySettings.sharing``; "n/a" is what one replica reports. "cluster":
+#: one drafter per replica, each on its own server, the servers joined through NATS.
+SHARING = ("shared", "private", "cluster")
 
 
 class ReplayError(RuntimeError):
@@ -61,7 +64,8 @@ class ReplaySettings:
         budget: the most draft nodes per tree (B).
         concurrency: slots per replica (C).
         replicas: engines the requests are dealt to (R).
-        sharing: "shared" (one drafter for all replicas) or "private" (one each).
+        sharing: "shared" (one drafter for all replicas), "private" (one each, apart) or
+            "cluster" (one each, learning from each other through the cluster).
     """
 
     budget: int = 8
@@ -80,7 +84,7 @@ class ReplaySettings:
     @property
     def drafters_needed(self) -> int:
         """How many drafter instances the replay uses."""
-        return self.replicas if self.sharing == "private" else 1
+        return 1 if self.sharing == "shared" else self.replicas
 
     @property
     def sharing_label(self) -> str:

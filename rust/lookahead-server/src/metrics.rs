@@ -204,6 +204,12 @@ pub struct ClusterMetrics {
     lag_seconds: Family<NamespaceLabel, Gauge<f64, AtomicU64>>,
     applied_sequence: Family<NamespaceLabel, Gauge>,
     apply_lag: Histogram,
+    group_published_messages: Counter,
+    group_published_tokens: Counter,
+    group_unsent_messages: Counter,
+    group_applied_messages: Counter,
+    group_applied_tokens: Counter,
+    group_subscriptions: Gauge,
 }
 
 impl Default for ClusterMetrics {
@@ -223,6 +229,12 @@ impl Default for ClusterMetrics {
             lag_seconds: Family::default(),
             applied_sequence: Family::default(),
             apply_lag: Histogram::new(CLUSTER_LAG_BOUNDS_S),
+            group_published_messages: Counter::default(),
+            group_published_tokens: Counter::default(),
+            group_unsent_messages: Counter::default(),
+            group_applied_messages: Counter::default(),
+            group_applied_tokens: Counter::default(),
+            group_subscriptions: Gauge::default(),
         }
     }
 }
@@ -290,6 +302,28 @@ impl ClusterMetrics {
             .get_or_create(&l)
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
         self.lag_seconds.get_or_create(&l).set(lag.as_secs_f64());
+    }
+
+    /// Counts a group message published (`sent`) or not (NATS was away).
+    pub fn group_published(&self, sent: bool, tokens: u64) {
+        if sent {
+            self.group_published_messages.inc();
+            self.group_published_tokens.inc_by(tokens);
+        } else {
+            self.group_unsent_messages.inc();
+        }
+    }
+
+    /// Counts a group message of another node applied.
+    pub fn group_applied(&self, tokens: u64) {
+        self.group_applied_messages.inc();
+        self.group_applied_tokens.inc_by(tokens);
+    }
+
+    /// Records the group subscriptions held.
+    pub fn set_group_subscriptions(&self, subscriptions: usize) {
+        self.group_subscriptions
+            .set(i64::try_from(subscriptions).unwrap_or(i64::MAX));
     }
 
     /// Registers the cluster's families in `registry`.
@@ -363,6 +397,36 @@ impl ClusterMetrics {
             "lookahead_cluster_apply_lag_seconds",
             "Time from making a batch on one node to applying it on another.",
             self.apply_lag.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_published_messages",
+            "Messages of in-flight group tokens published (core NATS).",
+            self.group_published_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_published_tokens",
+            "In-flight group tokens published.",
+            self.group_published_tokens.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_unsent_messages",
+            "Messages of in-flight group tokens not sent (NATS away; they are not kept).",
+            self.group_unsent_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_applied_messages",
+            "Messages of other nodes' in-flight group tokens applied.",
+            self.group_applied_messages.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_applied_tokens",
+            "Other nodes' in-flight group tokens applied.",
+            self.group_applied_tokens.clone(),
+        );
+        registry.register(
+            "lookahead_cluster_group_subscriptions",
+            "Group subjects subscribed to (groups with an active request here).",
+            self.group_subscriptions.clone(),
         );
     }
 }

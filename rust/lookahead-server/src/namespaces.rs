@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 
 use lookahead_core::{ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepItem};
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
 
 use crate::metrics::{DrafterStatsSource, NamespaceMetrics, ServerMetrics};
 
@@ -90,6 +91,8 @@ pub struct Namespace {
     /// The last cluster stream sequence applied (0: none). Held while a message is applied
     /// and while a snapshot is encoded, so that a snapshot and its sequence agree.
     replicated: Mutex<u64>,
+    /// Notified after every step (the cluster publishes group tokens right away).
+    stepped: Arc<Notify>,
 }
 
 /// A namespace's learnt state as snapshot bytes, with the cluster stream sequence it includes.
@@ -143,12 +146,13 @@ impl Namespace {
         name: &str,
         config: DrafterConfig,
         metrics: NamespaceMetrics,
+        stepped: Arc<Notify>,
     ) -> Result<Self, NamespaceError> {
         let drafter = Drafter::new(config).map_err(|source| NamespaceError::Config {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(name, drafter, metrics, 0))
+        Ok(Self::with_drafter(name, drafter, metrics, 0, stepped))
     }
 
     /// A namespace over an existing drafter (one restored from a snapshot that included the
@@ -158,6 +162,7 @@ impl Namespace {
         drafter: Drafter,
         metrics: NamespaceMetrics,
         replicated_through: u64,
+        stepped: Arc<Notify>,
     ) -> Self {
         let drafter = Arc::new(drafter);
         let flush = FlushState {
@@ -195,6 +200,7 @@ impl Namespace {
             thread,
             metrics,
             replicated: Mutex::new(replicated_through),
+            stepped,
         }
     }
 
@@ -278,6 +284,7 @@ impl Namespace {
             },
             None => self.flush.settle_unless_snapshotting(&self.drafter),
         }
+        self.stepped.notify_one();
         results
     }
 
@@ -322,6 +329,7 @@ pub struct Namespaces {
     limit: usize,
     config: DrafterConfig,
     metrics: Arc<ServerMetrics>,
+    stepped: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Namespaces {
@@ -342,7 +350,13 @@ impl Namespaces {
             limit,
             config,
             metrics,
+            stepped: Arc::new(Notify::new()),
         }
+    }
+
+    /// Notified after every step of every namespace.
+    pub fn stepped(&self) -> Arc<Notify> {
+        Arc::clone(&self.stepped)
     }
 
     /// The drafter settings of every namespace.
@@ -387,6 +401,7 @@ impl Namespaces {
             name,
             self.config.clone(),
             self.metrics.namespace(name),
+            Arc::clone(&self.stepped),
         )?);
         map.insert(name.to_string(), Arc::clone(&ns));
         tracing::info!(namespace = name, count = map.len(), "namespace created");
@@ -409,6 +424,7 @@ impl Namespaces {
                 drafter,
                 metrics,
                 replicated_through,
+                Arc::clone(&self.stepped),
             ));
             map.insert(name, ns);
         }

@@ -12,6 +12,7 @@
 mod connection;
 mod consumer;
 pub mod convert;
+mod groups;
 pub mod node_id;
 pub mod outbox;
 mod publisher;
@@ -89,6 +90,12 @@ impl Cluster {
             config,
         });
         let mut tasks = JoinSet::new();
+        tasks.spawn(groups::run(
+            Arc::clone(&shared),
+            client.clone(),
+            shared.namespaces.stepped(),
+            stop_rx.clone(),
+        ));
         tasks.spawn(connection::monitor(
             client,
             connected_tx,
