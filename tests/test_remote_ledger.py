@@ -35,8 +35,8 @@ def answer(
     return response
 
 
-def started(ledger: Ledger, rid: str, prompt: list[int]) -> None:
-    plan = ledger.plan([StepRequest(rid, prompt=prompt, budget=0)], "ns", 1)
+def started(ledger: Ledger, rid: str, prompt: list[int], group: str | None = None) -> None:
+    plan = ledger.plan([StepRequest(rid, prompt=prompt, budget=0, group=group)], "ns", 1)
     assert plan.on_response(answer(plan.first_message())) is None
     plan.result()
 
@@ -63,7 +63,9 @@ def test_a_lost_request_is_resent_within_the_step() -> None:
     again = plan.on_response(answer(first, errors={0: pb.ERROR_CODE_UNKNOWN_REQUEST}))
     assert again is not None
     item = again.requests[0]
-    assert list(item.prompt.tokens) == [1, 2, 3, 4] and item.reset and not item.new_tokens
+    # restarted from its prompt, its output as new tokens (so it stays in its group)
+    assert list(item.prompt.tokens) == [1, 2, 3] and item.reset
+    assert list(item.new_tokens) == [4]
     assert plan.on_response(answer(again, {0: (4, [9])})) is None
     assert plan.result()[0].tokens == (9,)
     assert ledger.resyncs == 1 and ledger.active["a"].synced
@@ -82,10 +84,28 @@ def test_after_an_outage_requests_are_resent_with_reset() -> None:
     assert plan.result() == [DraftTree.empty(4)]
     plan = ledger.plan([StepRequest("a", new_tokens=[5], budget=4)], "ns", 4)
     item = plan.first_message().requests[0]
-    assert list(item.prompt.tokens) == [1, 2, 3, 4, 5] and item.reset
+    assert list(item.prompt.tokens) == [1, 2] and list(item.new_tokens) == [3, 4, 5]
+    assert item.reset
     plan.on_response(answer(plan.first_message(), {0: (5, [])}))
     plan.result()
     assert ledger.active["a"].tokens == [1, 2, 3, 4, 5] and ledger.active["a"].synced
+
+
+def test_a_resent_request_keeps_its_group() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2], group="rollout-3")
+    assert (
+        ledger.plan([StepRequest("b", prompt=[1], group="g")], "ns", 2)
+        .first_message()
+        .requests[0]
+        .group
+        == "g"
+    )
+    plan = ledger.plan([StepRequest("a", new_tokens=[3], budget=4)], "ns", 3)
+    first = plan.first_message()
+    assert first.requests[0].group == "", "the group is sent with the prompt only"
+    again = plan.on_response(answer(first, errors={0: pb.ERROR_CODE_UNKNOWN_REQUEST}))
+    assert again is not None and again.requests[0].group == "rollout-3"
 
 
 def test_finishes_lost_in_an_outage_are_owed_and_sent_later() -> None:

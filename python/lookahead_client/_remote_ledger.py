@@ -49,9 +49,12 @@ _log = logging.getLogger("lookahead_client.remote")
 class _Tracked:
     """One active request as the client knows it."""
 
+    #: Its prompt, then every token since.
     tokens: list[int]
     #: The server is known to hold exactly ``tokens``.
     synced: bool
+    prompt_len: int
+    group: str | None
 
 
 class Ledger:
@@ -99,6 +102,7 @@ class _Entry:
         "finished",
         "prompt",
         "tracked",
+        "group",
     )
 
     def __init__(
@@ -112,6 +116,7 @@ class _Entry:
         finished: bool,
         prompt: list[int] | None,
         tracked: _Tracked | None,
+        group: str | None = None,
     ) -> None:
         self.kind = kind
         self.index = index  # the caller's index; -1 for _OWED_END
@@ -122,6 +127,7 @@ class _Entry:
         self.finished = finished
         self.prompt = prompt
         self.tracked = tracked
+        self.group = group
 
 
 def _root(tokens: list[int]) -> int:
@@ -174,6 +180,7 @@ class StepPlan:
                     r.finished,
                     prompt,
                     tracked,
+                    r.group,
                 )
             )
         if ledger.pending_ends:
@@ -255,15 +262,26 @@ class StepPlan:
                     item.finished = True
                 if e.kind == _RESYNC:
                     if not e.finished:  # a request that ends needs no resynchronising
+                        # Restarted from its prompt, with its output as new tokens: it stays
+                        # in its group, and its output stays an output.
+                        tracked = e.tracked
+                        assert tracked is not None
                         field = "prompt"
-                        tokens = item.prompt.tokens
-                        tokens.extend(e.tracked.tokens)  # type: ignore[union-attr]
-                        tokens.extend(e.new_tokens)
+                        item.prompt.tokens.extend(tracked.tokens[: tracked.prompt_len])
+                        field = "new_tokens"
+                        item.new_tokens.extend(tracked.tokens[tracked.prompt_len :])
+                        item.new_tokens.extend(e.new_tokens)
+                        field = "group"
+                        if tracked.group:
+                            item.group = tracked.group
                         item.reset = True
                 else:
                     if e.prompt is not None:
                         field = "prompt"
                         item.prompt.tokens.extend(e.prompt)
+                        if e.group:
+                            field = "group"
+                            item.group = e.group
                         # A finish we owe for this id may not have reached the server.
                         if e.request_id in pending_ends:
                             item.reset = True
@@ -331,7 +349,9 @@ class StepPlan:
             ledger.pending_ends.pop(e.request_id, None)
             if not e.finished:
                 assert e.prompt is not None
-                ledger.active[e.request_id] = _Tracked(e.prompt + e.new_tokens, True)
+                ledger.active[e.request_id] = _Tracked(
+                    e.prompt + e.new_tokens, True, len(e.prompt), e.group
+                )
         elif e.tracked is not None:  # _TRACKED or _RESYNC
             e.tracked.tokens.extend(e.new_tokens)
             e.tracked.synced = True
@@ -369,7 +389,9 @@ class StepPlan:
                     ledger.owe_end(e.request_id)
                 else:
                     assert e.prompt is not None
-                    ledger.active[e.request_id] = _Tracked(e.prompt + e.new_tokens, False)
+                    ledger.active[e.request_id] = _Tracked(
+                        e.prompt + e.new_tokens, False, len(e.prompt), e.group
+                    )
             elif e.kind in (_TRACKED, _RESYNC) and e.tracked is not None:
                 e.tracked.tokens.extend(e.new_tokens)
                 e.tracked.synced = False

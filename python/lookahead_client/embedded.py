@@ -101,6 +101,7 @@ class EmbeddedDrafter:
                 r.accepted_last,
                 r.finished,
                 r.budget,
+                r.group,
             )
             for r in requests
         ]

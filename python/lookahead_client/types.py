@@ -98,6 +98,11 @@ class StepRequest:
         accepted_last: how many draft tokens of the previous step's tree were accepted
             (feedback for metrics and adaptive drafting; -1 when unknown).
         finished: the request is over after ``new_tokens``; no draft is returned.
+        group: read with ``prompt`` (when the request starts): the group the request belongs
+            to. Requests of one group draft from each other's outputs, running and finished
+            (samples of one prompt side by side: RL rollouts, ``n > 1``, best-of-n). ``None``:
+            the group of the requests with the same prompt, which needs no name. A name
+            (at most 256 bytes) groups requests with any prompts, such as an agent's calls.
     """
 
     request_id: str
@@ -106,6 +111,7 @@ class StepRequest:
     prompt: Sequence[int] | None = None
     accepted_last: int = -1
     finished: bool = False
+    group: str | None = None
 
 
 @runtime_checkable

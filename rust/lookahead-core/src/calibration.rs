@@ -7,6 +7,12 @@
 //! so has each pair. An estimate is a count ratio smoothed toward the level above it: the pair
 //! toward the noisy-OR of the two single keys, each single key toward a fixed heuristic. With
 //! no feedback at all the heuristic alone decides.
+//!
+//! Sibling evidence (what the other members of the request's group did after its context:
+//! match length, how many agree, out of how many) comes on top, in a second stage: its own key
+//! is smoothed toward a heuristic, and the pair (bucketed local-and-global estimate, sibling
+//! key) toward the noisy-OR of the two. Without sibling evidence the first stage is the
+//! estimate, unchanged.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -38,17 +44,45 @@ pub(crate) struct GlobalEvidence {
     pub total: u32,
 }
 
-/// Both kinds of evidence; either may be missing.
+/// What the other members of the request's group say about a candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct SiblingEvidence {
+    /// Tokens of the longest match of the context that another member continued (> 0).
+    pub match_len: u32,
+    /// Other members whose text has the match followed by the candidate (0: none).
+    pub agree: u32,
+    /// Other members whose text continues the match.
+    pub total: u32,
+}
+
+/// Every kind of evidence; any may be missing.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub(crate) struct Evidence {
     pub local: Option<LocalEvidence>,
     pub global: Option<GlobalEvidence>,
+    pub siblings: Option<SiblingEvidence>,
+}
+
+/// The table keys of a candidate's evidence, kept to learn from what happens to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Keys {
+    pub local: u16,
+    pub global: u16,
+    /// 0 without sibling evidence.
+    pub sibling: u16,
+    /// Bucket of the first-stage estimate (used with sibling evidence only).
+    pub base: u8,
 }
 
 const LEN_BUCKETS: usize = 8;
 const LOCAL_KEYS: usize = 2 * (1 + LEN_BUCKETS * 9);
 const DEPTH_BUCKETS: usize = 7;
 const GLOBAL_KEYS: usize = 1 + DEPTH_BUCKETS * 6 * 4;
+const AGREE_BUCKETS: usize = 5;
+const SIBLING_SHARE_BUCKETS: usize = 4;
+const SIBLING_KEYS: usize = 1 + LEN_BUCKETS * AGREE_BUCKETS * SIBLING_SHARE_BUCKETS;
+/// Buckets of the first-stage estimate in the second stage.
+const BASE_BUCKETS: usize = 16;
 /// Pseudo-trials given to the level above when smoothing.
 const PRIOR_WEIGHT_SINGLE: f32 = 4.0;
 const PRIOR_WEIGHT_PAIR: f32 = 8.0;
@@ -71,8 +105,20 @@ fn share_bucket(part: u32, total: u32, edges: &[f32]) -> usize {
     edges.iter().take_while(|&&e| share >= e).count()
 }
 
-/// The bucket keys of some evidence: (local, global).
-pub(crate) fn keys(e: &Evidence) -> (u16, u16) {
+fn sibling_key(s: &SiblingEvidence) -> usize {
+    let agree = match s.agree {
+        0 => 0,
+        1 => 1,
+        2 => 2,
+        3..=4 => 3,
+        _ => 4,
+    };
+    let share = share_bucket(s.agree, s.total, &[0.34, 0.67, 0.999]);
+    1 + (len_bucket(s.match_len) * AGREE_BUCKETS + agree) * SIBLING_SHARE_BUCKETS + share
+}
+
+/// The first-stage bucket keys of some evidence: (local, global).
+fn keys(e: &Evidence) -> (u16, u16) {
     let local = e.local.map_or(0, |l| {
         let evidence = if l.occ == 0 {
             0
@@ -123,6 +169,17 @@ fn local_heuristic(l: &LocalEvidence) -> f32 {
     (share.min(1.0) * trust).clamp(0.01, 0.95)
 }
 
+/// A fixed first guess from sibling evidence alone: the share of the other members that went
+/// on with the candidate, trusted more for longer matches.
+fn sibling_heuristic(s: &SiblingEvidence) -> f32 {
+    if s.agree == 0 {
+        return 0.01;
+    }
+    let share = s.agree as f32 / (s.total as f32 + 0.5);
+    let trust = s.match_len as f32 / (s.match_len as f32 + 2.0);
+    (share * trust).clamp(0.01, 0.95)
+}
+
 /// A fixed first guess from global evidence alone: the n-gram's continuation share, trusted
 /// more for higher orders and more occurrences.
 fn global_heuristic(g: &GlobalEvidence) -> f32 {
@@ -166,6 +223,9 @@ pub(crate) struct Calibration {
     local: Box<[Counter]>,
     global: Box<[Counter]>,
     pair: Box<[Counter]>,
+    sibling: Box<[Counter]>,
+    /// Second stage: (first-stage bucket, sibling key).
+    combined: Box<[Counter]>,
 }
 
 impl Default for Calibration {
@@ -175,18 +235,37 @@ impl Default for Calibration {
             local: table(LOCAL_KEYS),
             global: table(GLOBAL_KEYS),
             pair: table(LOCAL_KEYS * GLOBAL_KEYS),
+            sibling: table(SIBLING_KEYS),
+            combined: table(BASE_BUCKETS * SIBLING_KEYS),
         }
     }
 }
 
+/// 1 - (1 - a)(1 - b): the probability that either of two independent signals is right.
+fn noisy_or(a: f32, b: f32) -> f32 {
+    1.0 - (1.0 - a) * (1.0 - b)
+}
+
 impl Calibration {
-    /// Heap bytes of the tables.
-    pub fn heap_bytes(&self) -> usize {
-        (self.local.len() + self.global.len() + self.pair.len()) * size_of::<Counter>()
+    fn tables(&self) -> [&[Counter]; 5] {
+        [
+            &self.local,
+            &self.global,
+            &self.pair,
+            &self.sibling,
+            &self.combined,
+        ]
     }
 
-    /// Probability that a candidate with this evidence is accepted given its parent is.
-    pub fn estimate(&self, e: &Evidence) -> f32 {
+    /// Heap bytes of the tables.
+    pub fn heap_bytes(&self) -> usize {
+        let counters: usize = self.tables().iter().map(|t| t.len()).sum();
+        counters * size_of::<Counter>()
+    }
+
+    /// Probability that a candidate with this evidence is accepted given its parent is, and
+    /// the keys to record its outcome under.
+    pub fn estimate(&self, e: &Evidence) -> (f32, Keys) {
         let (lk, gk) = keys(e);
         let p_local = e.local.map_or(0.0, |l| {
             self.local[lk as usize].smoothed(local_heuristic(&l), PRIOR_WEIGHT_SINGLE)
@@ -194,13 +273,30 @@ impl Calibration {
         let p_global = e.global.map_or(0.0, |g| {
             self.global[gk as usize].smoothed(global_heuristic(&g), PRIOR_WEIGHT_SINGLE)
         });
-        let prior = 1.0 - (1.0 - p_local) * (1.0 - p_global);
-        self.pair[lk as usize * GLOBAL_KEYS + gk as usize].smoothed(prior, PRIOR_WEIGHT_PAIR)
+        let prior = noisy_or(p_local, p_global);
+        let base =
+            self.pair[lk as usize * GLOBAL_KEYS + gk as usize].smoothed(prior, PRIOR_WEIGHT_PAIR);
+        let mut keys = Keys {
+            local: lk,
+            global: gk,
+            ..Keys::default()
+        };
+        let Some(s) = &e.siblings else {
+            return (base, keys);
+        };
+        let sk = sibling_key(s);
+        let p_sibling = self.sibling[sk].smoothed(sibling_heuristic(s), PRIOR_WEIGHT_SINGLE);
+        let bucket = ((base * BASE_BUCKETS as f32) as usize).min(BASE_BUCKETS - 1);
+        keys.sibling = sk as u16;
+        keys.base = bucket as u8;
+        let p = self.combined[bucket * SIBLING_KEYS + sk]
+            .smoothed(noisy_or(base, p_sibling), PRIOR_WEIGHT_PAIR);
+        (p, keys)
     }
 
     /// Writes every counter to a snapshot.
     pub fn encode(&self, w: &mut Writer) {
-        for table in [&self.local, &self.global, &self.pair] {
+        for table in self.tables() {
             w.len(table.len());
             for c in table.iter() {
                 w.u32(c.trials.load(Ordering::Relaxed));
@@ -210,9 +306,11 @@ impl Calibration {
     }
 
     /// Reads counters written by [`Self::encode`]; table sizes must match this build's.
-    pub fn decode(r: &mut Reader<'_>) -> Result<Self, SnapshotError> {
+    /// Snapshots of format 1 have no sibling tables: those start empty.
+    pub fn decode(r: &mut Reader<'_>, version: u32) -> Result<Self, SnapshotError> {
         let cal = Self::default();
-        for table in [&cal.local, &cal.global, &cal.pair] {
+        let tables = if version < 2 { 3 } else { 5 };
+        for table in cal.tables().into_iter().take(tables) {
             if r.len(8)? != table.len() {
                 return Err(SnapshotError::Corrupt("calibration table size"));
             }
@@ -229,8 +327,8 @@ impl Calibration {
     }
 
     /// Records whether a candidate with these keys was accepted.
-    pub fn record(&self, keys: (u16, u16), hit: bool) {
-        let (lk, gk) = (keys.0 as usize, keys.1 as usize);
+    pub fn record(&self, keys: Keys, hit: bool) {
+        let (lk, gk) = (keys.local as usize, keys.global as usize);
         if lk != 0 {
             self.local[lk].record(hit);
         }
@@ -238,6 +336,11 @@ impl Calibration {
             self.global[gk].record(hit);
         }
         self.pair[lk * GLOBAL_KEYS + gk].record(hit);
+        if keys.sibling != 0 {
+            let sk = keys.sibling as usize;
+            self.sibling[sk].record(hit);
+            self.combined[keys.base as usize * SIBLING_KEYS + sk].record(hit);
+        }
     }
 }
 
@@ -257,12 +360,13 @@ mod tests {
                 anchored: false,
             }),
             global: None,
+            siblings: None,
         };
-        let before = cal.estimate(&e);
+        let (before, keys) = cal.estimate(&e);
         for _ in 0..200 {
-            cal.record(keys(&e), false);
+            cal.record(keys, false);
         }
-        let after = cal.estimate(&e);
+        let (after, _) = cal.estimate(&e);
         assert!(after < before / 5.0, "{before} -> {after}");
     }
 
@@ -280,10 +384,18 @@ mod tests {
             count: 9,
             total: 9,
         };
-        let (lk, gk) = keys(&Evidence {
+        let s = SiblingEvidence {
+            match_len: 1000,
+            agree: 70,
+            total: 64,
+        };
+        let e = Evidence {
             local: Some(l),
             global: Some(g),
-        });
-        assert!((lk as usize) < LOCAL_KEYS && (gk as usize) < GLOBAL_KEYS);
+            siblings: Some(s),
+        };
+        let (_, k) = Calibration::default().estimate(&e);
+        assert!((k.local as usize) < LOCAL_KEYS && (k.global as usize) < GLOBAL_KEYS);
+        assert!((k.sibling as usize) < SIBLING_KEYS && (k.base as usize) < BASE_BUCKETS);
     }
 }

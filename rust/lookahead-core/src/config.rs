@@ -21,6 +21,9 @@ pub struct DrafterConfig {
     pub vocab_size: u32,
     /// The most tokens (prompt plus output) one request may hold.
     pub max_request_tokens: usize,
+    /// Record what the drafter learns and its group members' new tokens, for the other
+    /// drafters of a cluster ([`crate::Drafter::take_learned`]).
+    pub record_for_cluster: bool,
 }
 
 impl Default for DrafterConfig {
@@ -33,6 +36,7 @@ impl Default for DrafterConfig {
             chain: false,
             vocab_size: 1 << 24,
             max_request_tokens: 1 << 20,
+            record_for_cluster: false,
         }
     }
 }

@@ -9,7 +9,10 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::calibration::{Calibration, Evidence, GlobalEvidence, LocalEvidence, keys};
+use crate::calibration::{
+    Calibration, Evidence, GlobalEvidence, Keys, LocalEvidence, SiblingEvidence,
+};
+use crate::group_index::{GroupIndex, GroupMatch, MemberSet, SiblingContinuation};
 use crate::request::Considered;
 use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
 use crate::tree::DraftTree;
@@ -26,6 +29,8 @@ const MAX_LOCAL_LEVELS: usize = 1;
 const MAX_CANDIDATES: usize = 8;
 /// Context n-grams (longest first) whose continuations are considered.
 const MAX_CONTEXT_LEVELS: usize = 2;
+/// Shorter suffixes of a node's group match tried when no other member continued it.
+const MAX_SIBLING_BACKOFF: usize = 4;
 
 /// What the caller wants.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +52,18 @@ pub(crate) struct DraftSources<'a> {
     /// Whether the counts of `context_nodes` include the context's own occurrence (its last
     /// token is already in the trie): that occurrence has no continuation yet.
     pub context_counted: bool,
+    /// The outputs of the request's group, when it has other members.
+    pub group: Option<GroupSource<'a>>,
+}
+
+/// The request's group index and its place in it.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupSource<'a> {
+    pub index: &'a GroupIndex,
+    /// The match of the request's whole output.
+    pub root: GroupMatch,
+    /// The request's own member bit: its own text is not sibling evidence.
+    pub own: MemberSet,
 }
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.
@@ -62,6 +79,7 @@ struct GrowthNode {
     parent: i32,
     score: f32,
     local: LocalMatch,
+    group: Option<GroupMatch>,
     anchor: Option<u32>,
     /// Range of this node's context nodes in the shared arena.
     context: std::ops::Range<usize>,
@@ -105,8 +123,34 @@ struct Builder<'a> {
     seq: u32,
     // scratch buffers
     local_buf: Vec<Continuation>,
+    sibling_buf: Vec<SiblingContinuation>,
     child_buf: Vec<Child>,
-    cand_buf: Vec<(Token, Evidence, f32)>,
+    cand_buf: Vec<Proposal>,
+}
+
+/// A candidate child of the node being expanded: its evidence, then its estimate.
+struct Proposal {
+    token: Token,
+    evidence: Evidence,
+    p: f32,
+    keys: Keys,
+}
+
+/// The evidence of `token` among the proposals, added empty when it is new.
+fn proposal(proposals: &mut Vec<Proposal>, token: Token) -> &mut Evidence {
+    let i = match proposals.iter().position(|c| c.token == token) {
+        Some(i) => i,
+        None => {
+            proposals.push(Proposal {
+                token,
+                evidence: Evidence::default(),
+                p: 0.0,
+                keys: Keys::default(),
+            });
+            proposals.len() - 1
+        }
+    };
+    &mut proposals[i].evidence
 }
 
 /// Grows a draft tree for a context whose last token is `root` and whose longest match in the
@@ -127,11 +171,20 @@ pub(crate) fn build(
         considered: Vec::new(),
         seq: 0,
         local_buf: Vec::new(),
+        sibling_buf: Vec::new(),
         child_buf: Vec::new(),
         cand_buf: Vec::new(),
     };
     if params.budget > 0 {
-        b.expand(-1, 1.0, root_match, src.anchor, 0..src.context_nodes.len());
+        let group = src.group.map(|g| g.root);
+        b.expand(
+            -1,
+            1.0,
+            root_match,
+            group,
+            src.anchor,
+            0..src.context_nodes.len(),
+        );
         b.grow();
     }
     b.finish(root)
@@ -147,11 +200,16 @@ impl Builder<'_> {
             if self.params.chain {
                 self.heap.clear();
             }
-            let (parent_local, parent_anchor, parent_ctx) = match c.parent {
-                -1 => (None, self.src.anchor, 0..self.src.context_nodes.len()),
+            let (parent_local, parent_group, parent_anchor, parent_ctx) = match c.parent {
+                -1 => (
+                    None,
+                    self.src.group.map(|g| g.root),
+                    self.src.anchor,
+                    0..self.src.context_nodes.len(),
+                ),
                 p => {
                     let n = &self.nodes[p as usize];
-                    (Some(n.local), n.anchor, n.context.clone())
+                    (Some(n.local), n.group, n.anchor, n.context.clone())
                 }
             };
             let anchor = parent_anchor
@@ -161,6 +219,11 @@ impl Builder<'_> {
                 Some(m) => self.src.sam.advance(m, c.token),
                 None => self.src.sam.advance(self.root_match, c.token),
             };
+            let group = self
+                .src
+                .group
+                .zip(parent_group)
+                .map(|(g, m)| g.index.advance(m, c.token));
             let id = self.nodes.len() as i32;
             // the last node is never expanded: its context would be wasted lookups
             let expanded = self.nodes.len() + 1 < self.params.budget;
@@ -174,11 +237,12 @@ impl Builder<'_> {
                 parent: c.parent,
                 score: c.score,
                 local,
+                group,
                 anchor,
                 context: context.clone(),
             });
             if expanded {
-                self.expand(id, c.score, local, anchor, context);
+                self.expand(id, c.score, local, group, anchor, context);
             }
         }
     }
@@ -237,6 +301,7 @@ impl Builder<'_> {
         id: i32,
         score: f32,
         local: LocalMatch,
+        group: Option<GroupMatch>,
         anchor: Option<u32>,
         context: std::ops::Range<usize>,
     ) {
@@ -250,24 +315,17 @@ impl Builder<'_> {
                 .continuations(m, MAX_LOCAL_CONTINUATIONS, &mut self.local_buf);
             let total = src.sam.occurrences(m);
             for c in &self.local_buf {
-                if c.token == SEPARATOR || self.cand_buf.iter().any(|(t, _, _)| *t == c.token) {
+                if c.token == SEPARATOR {
                     continue;
                 }
-                let ev = LocalEvidence {
+                let e = proposal(&mut self.cand_buf, c.token);
+                e.local.get_or_insert(LocalEvidence {
                     match_len: m.len,
                     occ: c.occ,
                     total,
                     most_recent: c.most_recent,
                     anchored: false,
-                };
-                self.cand_buf.push((
-                    c.token,
-                    Evidence {
-                        local: Some(ev),
-                        global: None,
-                    },
-                    0.0,
-                ));
+                });
             }
             level = src.sam.shorter(m);
         }
@@ -286,36 +344,39 @@ impl Builder<'_> {
             let total = self.continued_count(id, node);
             src.trie.top_children(node, &mut self.child_buf);
             for ch in &self.child_buf {
-                let ev = GlobalEvidence {
+                let e = proposal(&mut self.cand_buf, ch.token);
+                e.global.get_or_insert(GlobalEvidence {
                     depth,
                     count: ch.count,
                     total,
-                };
-                match self.cand_buf.iter_mut().find(|(t, _, _)| *t == ch.token) {
-                    Some((_, e, _)) if e.global.is_none() => e.global = Some(ev),
-                    Some(_) => {}
-                    None => self.cand_buf.push((
-                        ch.token,
-                        Evidence {
-                            local: None,
-                            global: Some(ev),
-                        },
-                        0.0,
-                    )),
-                }
+                });
+            }
+        }
+        // sibling evidence: what the group's other members did after this context
+        let sibling_match = src.group.zip(group).and_then(|(g, m)| {
+            g.index
+                .sibling_continuations(m, g.own, MAX_SIBLING_BACKOFF, &mut self.sibling_buf)
+        });
+        if let Some(m) = sibling_match {
+            for c in &self.sibling_buf {
+                let e = proposal(&mut self.cand_buf, c.token);
+                e.siblings = Some(SiblingEvidence {
+                    match_len: m.len,
+                    agree: c.agree,
+                    total: m.total,
+                });
             }
         }
         // the copy anchor's continuation
         let anchored = anchor.and_then(|a| self.anchor_token(a + 1));
-        if let Some(token) = anchored
-            && !self.cand_buf.iter().any(|(t, _, _)| *t == token)
-        {
-            self.cand_buf.push((token, Evidence::default(), 0.0));
+        if let Some(token) = anchored {
+            proposal(&mut self.cand_buf, token);
         }
         // evidence of absence where a source matched but did not predict the token
         let local_total = src.sam.occurrences(local);
         let primary = primary.map(|(node, depth)| (depth, self.continued_count(id, node)));
-        for (token, e, q) in &mut self.cand_buf {
+        for c in &mut self.cand_buf {
+            let e = &mut c.evidence;
             if e.local.is_none() && (local.len > 0 || anchored.is_some()) {
                 e.local = Some(LocalEvidence {
                     match_len: local.len,
@@ -326,7 +387,7 @@ impl Builder<'_> {
                 });
             }
             if let Some(l) = &mut e.local {
-                l.anchored = anchored == Some(*token);
+                l.anchored = anchored == Some(c.token);
             }
             if e.global.is_none()
                 && let Some((depth, total)) = primary
@@ -337,27 +398,36 @@ impl Builder<'_> {
                     total,
                 });
             }
-            *q = src.calibration.estimate(e);
+            if e.siblings.is_none()
+                && let Some(m) = sibling_match
+            {
+                e.siblings = Some(SiblingEvidence {
+                    match_len: m.len,
+                    agree: 0,
+                    total: m.total,
+                });
+            }
+            (c.p, c.keys) = src.calibration.estimate(e);
         }
         // the estimates of one node's children are exclusive events: keep their sum <= 1
-        let sum: f32 = self.cand_buf.iter().map(|c| c.2).sum();
+        let sum: f32 = self.cand_buf.iter().map(|c| c.p).sum();
         if sum > 1.0 {
-            self.cand_buf.iter_mut().for_each(|c| c.2 /= sum);
+            self.cand_buf.iter_mut().for_each(|c| c.p /= sum);
         }
         self.cand_buf
-            .sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+            .sort_by(|a, b| b.p.total_cmp(&a.p).then(a.token.cmp(&b.token)));
         let keep = if self.params.chain { 1 } else { MAX_CANDIDATES };
-        for &(token, ev, q) in self.cand_buf.iter().take(keep) {
+        for c in self.cand_buf.iter().take(keep) {
             self.considered.push(Considered {
                 parent: id,
-                token,
-                keys: keys(&ev),
+                token: c.token,
+                keys: c.keys,
             });
             self.heap.push(Candidate {
-                score: score * q,
+                score: score * c.p,
                 seq: self.seq,
                 parent: id,
-                token,
+                token: c.token,
             });
             self.seq += 1;
         }

@@ -1,9 +1,10 @@
 //! [`Drafter`]: the thread-safe front of the core.
 //!
 //! Locking: the shared trie sits behind a read-write lock (drafts read, inserts write); each
-//! request behind its own mutex; the request table behind a mutex held only to look up, add or
-//! remove entries. Lock order, where two are held: request table, then trie, then a request.
-//! Inserts of a whole step are applied after its drafts, in one write section.
+//! request and each group behind its own mutex; the request and group tables behind mutexes
+//! held only to look up, add or remove entries. Lock order, where several are held: request
+//! table, trie, a request, group table, a group, sibling responses, outboxes. Inserts of a
+//! whole step are applied after its drafts, in one write section.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,17 +15,20 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::Token;
 use crate::calibration::Calibration;
+use crate::cluster::{GroupUpdate, LearnedText, Outbox};
 use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
+use crate::group::{Group, GroupKey, MAX_GROUP_NAME_BYTES, member_key};
 use crate::request::{LastDraft, RequestState, TrieCursor};
-use crate::siblings::{SiblingResponses, prompt_key};
+use crate::siblings::SiblingResponses;
 use crate::snapshot::{Reader, SnapshotError, Writer, frame, unframe};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
 
 type SharedRequest = Arc<Mutex<RequestState>>;
+type SharedGroup = Arc<Mutex<Group>>;
 
 /// Tokens ingested per write section of the trie.
 const INGEST_CHUNK: usize = 4096;
@@ -44,6 +48,9 @@ pub struct StepItem<'a> {
     pub finished: bool,
     /// Draft nodes wanted (root excluded); 0 gives an empty tree.
     pub budget: usize,
+    /// The group the request belongs to, read when it starts (with `prompt`). `None` or empty:
+    /// the requests with the same prompt. At most [`MAX_GROUP_NAME_BYTES`] bytes.
+    pub group: Option<&'a str>,
 }
 
 /// Counters of a drafter.
@@ -71,6 +78,13 @@ pub struct Stats {
     pub accepted_reported: u64,
     /// Number of accepted counts engines reported.
     pub steps_reported: u64,
+    /// Groups with an active request.
+    pub active_groups: usize,
+    /// Heap bytes of the groups (members' outputs and group indexes), part of `memory_bytes`.
+    pub group_bytes: usize,
+    /// Records for the cluster dropped because nobody took them in time (see
+    /// [`Drafter::take_learned`]).
+    pub cluster_dropped: u64,
 }
 
 #[derive(Default)]
@@ -92,10 +106,16 @@ pub struct Drafter {
     calibration: Calibration,
     /// Heap bytes of all active requests.
     request_bytes: AtomicUsize,
-    /// Finished responses by prompt, for later samples of the same prompt.
+    /// Finished responses by group, for later requests of the same group.
     siblings: Mutex<SiblingResponses>,
-    /// Active requests by prompt key (samples of one prompt running side by side).
-    active_prompts: Mutex<HashMap<u64, u32>>,
+    /// Groups with an active request (samples of one prompt running side by side).
+    groups: Mutex<HashMap<GroupKey, SharedGroup>>,
+    /// Heap bytes of all groups (also counted in `request_bytes`).
+    group_bytes: AtomicUsize,
+    /// Texts learnt, for the other drafters of a cluster (with `record_for_cluster`).
+    learned: Mutex<Outbox<LearnedText>>,
+    /// New tokens of group members, for the other drafters of a cluster.
+    group_updates: Mutex<Outbox<GroupUpdate>>,
     counters: Counters,
 }
 
@@ -121,7 +141,10 @@ impl Drafter {
             siblings: Mutex::new(SiblingResponses::new(
                 config.memory_budget_bytes / 16 / size_of::<Token>(),
             )),
-            active_prompts: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            group_bytes: AtomicUsize::new(0),
+            learned: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
+            group_updates: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
             counters: Counters::default(),
             calibration,
             config,
@@ -135,11 +158,22 @@ impl Drafter {
         &self.config
     }
 
+    /// Tokens each cluster outbox holds at most: 1/64 of the budget.
+    fn outbox_tokens(config: &DrafterConfig) -> usize {
+        config.memory_budget_bytes / 64 / size_of::<Token>()
+    }
+
     /// Trie nodes allowed now: what the budget leaves after requests and fixed tables.
     fn trie_node_limit(&self, trie: &NgramTrie) -> usize {
+        let outboxes = if self.config.record_for_cluster {
+            2 * Self::outbox_tokens(&self.config) * size_of::<Token>()
+        } else {
+            0
+        };
         let fixed = self.calibration.heap_bytes()
             + self.siblings.lock().heap_bytes()
             + trie.unigram_table_bytes()
+            + outboxes
             + (64 << 10);
         let used = fixed + self.request_bytes.load(Ordering::Relaxed);
         self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
@@ -217,17 +251,98 @@ impl Drafter {
     /// Bulk-loads a finished text (a past output, a document) into the shared trie.
     pub fn ingest(&self, tokens: &[Token]) -> Result<(), DraftError> {
         self.check_tokens("tokens", tokens)?;
+        self.insert_text(tokens, usize::MAX);
+        if self.config.record_for_cluster {
+            self.learned
+                .lock()
+                .push(LearnedText::Document(tokens.to_vec()), tokens.len());
+        }
+        Ok(())
+    }
+
+    /// Inserts a whole text into the shared trie (see [`TrieCursor::insert`] for
+    /// `shared_from`), in chunks, so that drafts of other requests get the trie between them.
+    fn insert_text(&self, text: &[Token], shared_from: usize) {
         let mut cursor = TrieCursor::new(self.config.max_ngram);
-        // In chunks, so that drafts of other requests get the trie between them.
-        while cursor.inserted() < tokens.len() {
-            let end = (cursor.inserted() + INGEST_CHUNK).min(tokens.len());
+        while cursor.inserted() < text.len() {
+            let end = (cursor.inserted() + INGEST_CHUNK).min(text.len());
             let mut trie = self.trie.write();
             self.refresh_node_limit(&mut trie);
-            cursor.insert(&mut trie, tokens, end, usize::MAX);
+            cursor.insert(&mut trie, text, end, shared_from);
         }
         self.counters
             .tokens_ingested
-            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            .fetch_add(text.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The texts learnt since the last call, oldest first: requests that ended and ingested
+    /// documents. Empty unless [`DrafterConfig::record_for_cluster`]; bounded (past 1/64 of
+    /// the memory budget the oldest are dropped, counted in [`Stats::cluster_dropped`]).
+    pub fn take_learned(&self) -> Vec<LearnedText> {
+        self.learned.lock().take()
+    }
+
+    /// Applies a text another drafter learnt, so that this one learns the same: its shared
+    /// trie gets the text as that drafter's did, and a finished output becomes a sibling
+    /// response of its group. Not recorded for the cluster again. Applying a text twice
+    /// counts it twice: keeping track of what was applied is the caller's job.
+    pub fn apply_learned(&self, text: &LearnedText) -> Result<(), DraftError> {
+        match text {
+            LearnedText::Document(tokens) => {
+                self.check_tokens("tokens", tokens)?;
+                self.insert_text(tokens, usize::MAX);
+            }
+            LearnedText::Request {
+                prompt,
+                output,
+                finished,
+                group,
+            } => {
+                self.check_tokens("prompt", prompt)?;
+                self.check_tokens("output", output)?;
+                let key = group_key(group.as_deref(), prompt)?;
+                let shared =
+                    self.groups.lock().contains_key(&key) || self.siblings.lock().contains(key);
+                let text: Vec<Token> = prompt.iter().chain(output).copied().collect();
+                self.insert_text(&text, if shared { prompt.len() } else { usize::MAX });
+                if *finished {
+                    self.siblings.lock().record(key, output);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// New output tokens of the members of every group since the last call, oldest first.
+    /// Empty unless [`DrafterConfig::record_for_cluster`]; bounded like
+    /// [`Self::take_learned`].
+    pub fn take_group_updates(&self) -> Vec<GroupUpdate> {
+        self.group_updates.lock().take()
+    }
+
+    /// The groups with an active request here: those whose members elsewhere matter.
+    pub fn active_groups(&self) -> Vec<GroupKey> {
+        self.groups.lock().keys().copied().collect()
+    }
+
+    /// Applies a member update from another drafter (`origin` names it): the member's new
+    /// tokens join its group's index, so that the requests here draft from them. Ignored when
+    /// no request of the group is active here. Duplicates are skipped and gaps tolerated.
+    pub fn apply_group_update(&self, origin: &str, update: &GroupUpdate) -> Result<(), DraftError> {
+        self.check_tokens("tokens", &update.tokens)?;
+        let Some(group) = self.groups.lock().get(&update.group).cloned() else {
+            return Ok(());
+        };
+        let mut group = group.lock();
+        if group.active == 0 {
+            return Ok(()); // the group's last request here ended meanwhile
+        }
+        let room = self
+            .request_share()
+            .saturating_sub(self.request_bytes.load(Ordering::Relaxed));
+        let member = member_key(origin, &update.member);
+        group.extend(member, update.offset, &update.tokens, room);
+        self.account_group(&mut group);
         Ok(())
     }
 
@@ -267,7 +382,8 @@ impl Drafter {
     /// whole before anything is built: a corrupt one is refused, never half-loaded.
     pub fn from_snapshot(config: DrafterConfig, bytes: &[u8]) -> Result<Self, SnapshotError> {
         let mut drafter = Self::new(config)?;
-        let mut r = Reader::new(unframe(bytes)?);
+        let (version, payload) = unframe(bytes)?;
+        let mut r = Reader::new(payload);
         let max_ngram = r.u32()?;
         if max_ngram as usize != drafter.config.max_ngram {
             return Err(SnapshotError::IncompatibleConfig {
@@ -278,7 +394,7 @@ impl Drafter {
         }
         let limit = drafter.trie_node_limit(&drafter.trie.read());
         let trie = NgramTrie::decode(&mut r, drafter.config.max_ngram, limit)?;
-        drafter.calibration = Calibration::decode(&mut r)?;
+        drafter.calibration = Calibration::decode(&mut r, version)?;
         let max_sibling_tokens = drafter.siblings.get_mut().max_tokens();
         drafter.siblings = Mutex::new(SiblingResponses::decode(&mut r, max_sibling_tokens)?);
         if !r.is_empty() {
@@ -309,6 +425,9 @@ impl Drafter {
             draft_nodes: c.draft_nodes.load(Ordering::Relaxed),
             accepted_reported: c.accepted_reported.load(Ordering::Relaxed),
             steps_reported: c.steps_reported.load(Ordering::Relaxed),
+            active_groups: self.groups.lock().len(),
+            group_bytes: self.group_bytes.load(Ordering::Relaxed),
+            cluster_dropped: self.learned.lock().dropped() + self.group_updates.lock().dropped(),
         }
     }
 
@@ -334,6 +453,7 @@ impl Drafter {
         }
         if let Some(prompt) = item.prompt {
             self.check_tokens("prompt", prompt)?;
+            group_key(item.group, prompt)?;
         }
         self.check_tokens("new_tokens", item.new_tokens)
     }
@@ -341,7 +461,7 @@ impl Drafter {
     /// Finds (or, with a prompt, creates) the request and applies the item's tokens.
     fn apply(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
         let request = match item.prompt {
-            Some(prompt) => self.begin(item.request_id, prompt, item.new_tokens.len())?,
+            Some(prompt) => self.begin(item, prompt)?,
             None => self
                 .requests
                 .lock()
@@ -369,8 +489,22 @@ impl Drafter {
                         max: self.config.max_request_tokens,
                     });
                 }
+                let offset = state.response().len() as u32;
                 state.append(item.new_tokens, &self.calibration);
                 self.account(&mut state);
+                self.extend_member(&state, offset, item.new_tokens);
+            }
+            if self.config.record_for_cluster && (item.finished || !item.new_tokens.is_empty()) {
+                let update = GroupUpdate {
+                    group: state.group_key,
+                    member: item.request_id.to_owned(),
+                    offset: (state.response().len() - item.new_tokens.len()) as u32,
+                    tokens: item.new_tokens.to_vec(),
+                    finished: item.finished,
+                };
+                self.group_updates
+                    .lock()
+                    .push(update, item.new_tokens.len());
             }
         }
         if item.finished {
@@ -379,8 +513,26 @@ impl Drafter {
         Ok(request)
     }
 
+    /// Adds output tokens of a request (from output position `offset`) to its group.
+    fn extend_member(&self, state: &RequestState, offset: u32, tokens: &[Token]) {
+        let mut group = state.group.lock();
+        let room = self
+            .request_share()
+            .saturating_sub(self.request_bytes.load(Ordering::Relaxed));
+        group.extend(state.member, offset, tokens, room);
+        self.account_group(&mut group);
+    }
+
+    /// Brings the drafter's totals of request and group bytes up to date with a group.
+    fn account_group(&self, group: &mut Group) {
+        let (before, after) = (group.accounted_bytes, group.heap_bytes());
+        adjust(&self.request_bytes, before, after);
+        adjust(&self.group_bytes, before, after);
+        group.accounted_bytes = after;
+    }
+
     /// Removes an active request; a finished one's response becomes a sibling for later
-    /// requests with the same prompt. Its queued inserts still happen.
+    /// requests of its group. Its queued inserts still happen.
     fn remove(&self, request_id: &str, finished: bool) -> bool {
         let removed = self.requests.lock().remove(request_id);
         let Some(request) = removed else { return false };
@@ -388,30 +540,46 @@ impl Drafter {
         self.request_bytes
             .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
         state.accounted_bytes = 0;
-        {
-            let mut active = self.active_prompts.lock();
-            if let Some(n) = active.get_mut(&state.prompt_key) {
-                *n -= 1;
-                if *n == 0 {
-                    active.remove(&state.prompt_key);
-                }
-            }
-        }
+        self.leave_group(&state);
         if finished {
             self.siblings
                 .lock()
-                .record(state.prompt_key, state.response());
+                .record(state.group_key, state.response());
+        }
+        if self.config.record_for_cluster {
+            let own = state.own_text();
+            let text = LearnedText::Request {
+                prompt: own[..state.prompt_len].to_vec(),
+                output: state.response().to_vec(),
+                finished,
+                group: state.group_name.clone(),
+            };
+            self.learned.lock().push(text, own.len());
         }
         true
     }
 
-    /// Where a request's output starts in its text when other samples of its prompt exist
+    /// Takes a removed request out of its group; the last one out drops the group (its
+    /// finished outputs live on as sibling responses) and frees its memory.
+    fn leave_group(&self, state: &RequestState) {
+        let mut groups = self.groups.lock();
+        let mut group = state.group.lock();
+        group.active -= 1;
+        if group.active == 0 {
+            groups.remove(&state.group_key);
+            adjust(&self.request_bytes, group.accounted_bytes, 0);
+            adjust(&self.group_bytes, group.accounted_bytes, 0);
+            group.accounted_bytes = 0;
+        }
+    }
+
+    /// Where a request's output starts in its text when other samples of its group exist
     /// (running, or finished and remembered), else `usize::MAX`: the trie keeps the output of
     /// a shared prompt at more orders, since its other samples are likely to repeat it.
     fn output_start_if_shared(&self, state: &RequestState) -> usize {
-        let key = state.prompt_key;
-        let running = self.active_prompts.lock().get(&key).copied().unwrap_or(0);
-        if running >= 2 || self.siblings.lock().contains(key) {
+        let shared =
+            state.group.lock().members() >= 2 || self.siblings.lock().contains(state.group_key);
+        if shared {
             state.prefix_len + state.prompt_len
         } else {
             usize::MAX
@@ -437,24 +605,34 @@ impl Drafter {
 
     /// Brings the drafter's total of request bytes up to date with an active request.
     fn account(&self, state: &mut RequestState) {
-        let (before, after) = (state.accounted_bytes, state.heap_bytes());
-        if after >= before {
-            self.request_bytes
-                .fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            self.request_bytes
-                .fetch_sub(before - after, Ordering::Relaxed);
-        }
-        state.accounted_bytes = after;
+        adjust(
+            &self.request_bytes,
+            state.accounted_bytes,
+            state.heap_bytes(),
+        );
+        state.accounted_bytes = state.heap_bytes();
     }
 
-    fn begin(
-        &self,
-        request_id: &str,
-        prompt: &[Token],
-        extra: usize,
-    ) -> Result<SharedRequest, DraftError> {
-        let tokens = prompt.len() + extra;
+    /// The group of a request that starts, which it joins (formed if it has no active
+    /// request).
+    fn join_group(&self, key: GroupKey, request_id: &str) -> (SharedGroup, u64) {
+        let mut groups = self.groups.lock();
+        let group = groups
+            .entry(key)
+            .or_insert_with(|| Arc::new(Mutex::new(Group::new(self.siblings.lock().get(key)))))
+            .clone();
+        let member = member_key("", request_id);
+        let mut g = group.lock();
+        g.active += 1;
+        g.join(member, 0);
+        self.account_group(&mut g);
+        drop(g);
+        (group, member)
+    }
+
+    fn begin(&self, item: &StepItem<'_>, prompt: &[Token]) -> Result<SharedRequest, DraftError> {
+        let request_id = item.request_id;
+        let tokens = prompt.len() + item.new_tokens.len();
         if tokens > self.config.max_request_tokens {
             return Err(DraftError::RequestTooLong {
                 request_id: request_id.to_owned(),
@@ -477,20 +655,24 @@ impl Drafter {
             return Err(already_active());
         }
         // Built outside the table's lock: indexing a long prompt takes a while.
-        let key = prompt_key(prompt);
-        let siblings = self.siblings.lock().get(key);
-        let mut state = RequestState::new(self.config.max_ngram, &siblings);
+        let name = item.group.filter(|name| !name.is_empty());
+        let key = group_key(name, prompt)?;
+        let (group, member) = self.join_group(key, request_id);
+        let prefix = group.lock().prefix.clone();
+        let mut state = RequestState::new(self.config.max_ngram, &prefix, group, member);
         state.append(prompt, &self.calibration);
         state.prompt_len = prompt.len();
-        state.prompt_key = key;
+        state.group_key = key;
+        state.group_name = name.map(str::to_owned);
         let mut requests = self.requests.lock();
         if requests.contains_key(request_id) {
+            drop(requests);
+            self.leave_group(&state);
             return Err(already_active());
         }
         self.account(&mut state);
         let shared = Arc::new(Mutex::new(state));
         requests.insert(request_id.to_owned(), shared.clone());
-        *self.active_prompts.lock().entry(key).or_default() += 1;
         Ok(shared)
     }
 
@@ -547,6 +729,7 @@ impl Drafter {
             return DraftTree::empty(None);
         };
         state.cursor.context_nodes(trie, state.sam.text(), context);
+        let group = state.group.lock();
         let sources = DraftSources {
             sam: &state.sam,
             trie,
@@ -554,6 +737,7 @@ impl Drafter {
             context_nodes: context,
             anchor: state.anchor.position(state.sam.text().len()),
             context_counted: state.fully_inserted(),
+            group: group.draft_source(state.member),
         };
         let params = DraftParams {
             budget,
@@ -561,6 +745,7 @@ impl Drafter {
             chain: self.config.chain,
         };
         let draft = build(&sources, root, state.sam.longest_earlier_suffix(), params);
+        drop(group);
         self.counters.drafts.fetch_add(1, Ordering::Relaxed);
         self.counters
             .draft_nodes
@@ -572,5 +757,26 @@ impl Drafter {
             considered: draft.considered,
         };
         draft.tree
+    }
+}
+
+/// Moves an atomic total by the change of one part from `before` to `after` bytes.
+fn adjust(total: &AtomicUsize, before: usize, after: usize) {
+    if after >= before {
+        total.fetch_add(after - before, Ordering::Relaxed);
+    } else {
+        total.fetch_sub(before - after, Ordering::Relaxed);
+    }
+}
+
+/// The group of a request: the one it names, else the one of its prompt.
+fn group_key(name: Option<&str>, prompt: &[Token]) -> Result<GroupKey, DraftError> {
+    match name.filter(|name| !name.is_empty()) {
+        None => Ok(GroupKey::of_prompt(prompt)),
+        Some(name) if name.len() > MAX_GROUP_NAME_BYTES => Err(DraftError::GroupNameTooLong {
+            bytes: name.len(),
+            max: MAX_GROUP_NAME_BYTES,
+        }),
+        Some(name) => Ok(GroupKey::named(name)),
     }
 }

@@ -50,6 +50,14 @@ pub enum DraftError {
         /// The configured maximum.
         max: usize,
     },
+    /// The group name is longer than allowed.
+    #[error("group is {bytes} bytes long, above the maximum {max}")]
+    GroupNameTooLong {
+        /// Its length in bytes.
+        bytes: usize,
+        /// The most bytes allowed.
+        max: usize,
+    },
     /// Active requests alone would use more than their share of the memory budget.
     #[error("memory budget exhausted: active requests need {needed} bytes, allowed {budget}")]
     MemoryExhausted {
@@ -67,6 +75,7 @@ impl DraftError {
             Self::UnknownRequest { .. } | Self::RequestAlreadyActive { .. } => "request_id",
             Self::TokenOutOfRange { field, .. } => field,
             Self::BudgetTooLarge { .. } => "budget",
+            Self::GroupNameTooLong { .. } => "group",
             Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => "tokens",
         }
     }

@@ -5,11 +5,15 @@
 //! [`Drafter`].
 
 mod anchor;
+mod automaton;
 mod calibration;
+mod cluster;
 mod config;
 mod draft;
 mod drafter;
 mod error;
+mod group;
+mod group_index;
 mod hashing;
 mod request;
 mod siblings;
@@ -18,9 +22,11 @@ mod suffix_automaton;
 mod tree;
 mod trie;
 
+pub use cluster::{GroupUpdate, LearnedText};
 pub use config::{ConfigError, DrafterConfig};
 pub use drafter::{Drafter, Stats, StepItem};
 pub use error::DraftError;
+pub use group::{GroupKey, MAX_GROUP_NAME_BYTES};
 pub use snapshot::{SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotError};
 pub use tree::DraftTree;
 

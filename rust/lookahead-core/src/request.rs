@@ -1,7 +1,12 @@
 //! The state the drafter keeps for one active request.
 
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
 use crate::anchor::Anchor;
-use crate::calibration::Calibration;
+use crate::calibration::{Calibration, Keys};
+use crate::group::{Group, GroupKey};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::trie::{NgramTrie, ROOT};
 use crate::{SEPARATOR, Token};
@@ -21,7 +26,7 @@ pub(crate) struct Considered {
     /// Index of its parent in the draft tree, -1 for the root.
     pub parent: i32,
     pub token: Token,
-    pub keys: (u16, u16),
+    pub keys: Keys,
 }
 
 /// The last draft of a request, as needed to score it once the true tokens arrive.
@@ -42,8 +47,14 @@ pub(crate) struct RequestState {
     pub prefix_len: usize,
     /// Tokens of the prompt.
     pub prompt_len: usize,
-    /// The prompt's key: requests with equal keys are samples of one prompt.
-    pub prompt_key: u64,
+    /// The request's group: requests with equal keys are samples of one prompt, or share the
+    /// group name they started with.
+    pub group_key: GroupKey,
+    /// The group name the request started with (`None`: its group is its prompt).
+    pub group_name: Option<String>,
+    /// The group, and the request's key among its members.
+    pub group: Arc<Mutex<Group>>,
+    pub member: u64,
     /// Where in its own history the request is copying from.
     pub anchor: Anchor,
     /// Where the request's text stands in the shared trie.
@@ -58,8 +69,14 @@ pub(crate) struct RequestState {
 }
 
 impl RequestState {
-    /// A request whose history starts with `siblings`: earlier responses to the same prompt.
-    pub fn new(max_depth: usize, siblings: &[std::sync::Arc<[Token]>]) -> Self {
+    /// A request of `group` (member `member`) whose history starts with `siblings`: earlier
+    /// responses of its group.
+    pub fn new(
+        max_depth: usize,
+        siblings: &[Arc<[Token]>],
+        group: Arc<Mutex<Group>>,
+        member: u64,
+    ) -> Self {
         let mut sam = SuffixAutomaton::new();
         for response in siblings.iter().rev() {
             sam.extend(response);
@@ -70,7 +87,10 @@ impl RequestState {
             sam,
             prefix_len,
             prompt_len: 0,
-            prompt_key: 0,
+            group_key: GroupKey(0),
+            group_name: None,
+            group,
+            member,
             anchor: Anchor::default(),
             cursor: TrieCursor::starting_at(max_depth, prefix_len),
             queued: false,

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::Token;
-use crate::hashing::pair_hash;
+use crate::group::GroupKey;
 use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// Siblings kept per prompt, the most recent first.
@@ -14,22 +14,13 @@ const SIBLINGS_PER_PROMPT: usize = 8;
 /// Sibling tokens given to one new request, at most.
 pub(crate) const MAX_SIBLING_TOKENS: usize = 32 << 10;
 
-/// A fingerprint of a prompt. Two prompts with the same fingerprint share siblings; a collision
-/// only adds unrelated text to a request's history, which costs a little memory, no errors.
-pub(crate) fn prompt_key(prompt: &[Token]) -> u64 {
-    prompt
-        .iter()
-        .fold(pair_hash(prompt.len() as u32, 0), |h, &t| {
-            pair_hash((h ^ (h >> 32)) as u32, t) ^ h
-        })
-}
-
-/// The store, bounded in tokens; the prompt used least recently goes first.
+/// The store, bounded in tokens; the group used least recently goes first. A collision of
+/// group keys only adds unrelated text to a request's history: a little memory, no errors.
 #[derive(Debug, Default)]
 pub(crate) struct SiblingResponses {
-    by_prompt: HashMap<u64, VecDeque<Arc<[Token]>>>,
-    /// Prompts from least to most recently recorded.
-    order: VecDeque<u64>,
+    by_prompt: HashMap<GroupKey, VecDeque<Arc<[Token]>>>,
+    /// Groups from least to most recently recorded.
+    order: VecDeque<GroupKey>,
     tokens: usize,
     max_tokens: usize,
 }
@@ -53,8 +44,8 @@ impl SiblingResponses {
         self.tokens * size_of::<Token>() + (self.by_prompt.len() + self.order.len()) * 64
     }
 
-    /// Remembers a finished response of a request with prompt fingerprint `key`.
-    pub fn record(&mut self, key: u64, response: &[Token]) {
+    /// Remembers a finished response of a request of group `key`.
+    pub fn record(&mut self, key: GroupKey, response: &[Token]) {
         if response.is_empty() || response.len() > self.max_tokens {
             return;
         }
@@ -85,7 +76,7 @@ impl SiblingResponses {
         w.len(self.order.len());
         for key in &self.order {
             let list = &self.by_prompt[key];
-            w.u64(*key);
+            w.u64(key.0);
             w.len(list.len());
             for response in list.iter().rev() {
                 w.len(response.len());
@@ -98,7 +89,7 @@ impl SiblingResponses {
     pub fn decode(r: &mut Reader<'_>, max_tokens: usize) -> Result<Self, SnapshotError> {
         let mut store = Self::new(max_tokens);
         for _ in 0..r.len(16)? {
-            let key = r.u64()?;
+            let key = GroupKey(r.u64()?);
             for _ in 0..r.len(8)? {
                 let len = r.len(4)?;
                 let response = (0..len).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
@@ -111,14 +102,14 @@ impl SiblingResponses {
         Ok(store)
     }
 
-    /// Whether responses to the prompt `key` are remembered.
-    pub fn contains(&self, key: u64) -> bool {
+    /// Whether responses of group `key` are remembered.
+    pub fn contains(&self, key: GroupKey) -> bool {
         self.by_prompt.contains_key(&key)
     }
 
     /// The remembered responses for `key`, the most recent first, at most
     /// [`MAX_SIBLING_TOKENS`] tokens in all.
-    pub fn get(&self, key: u64) -> Vec<Arc<[Token]>> {
+    pub fn get(&self, key: GroupKey) -> Vec<Arc<[Token]>> {
         let mut total = 0;
         self.by_prompt
             .get(&key)
@@ -140,13 +131,12 @@ mod tests {
     #[test]
     fn bounded_and_most_recent_first() {
         let mut s = SiblingResponses::new(10);
-        let k = prompt_key(&[1, 2, 3]);
+        let k = GroupKey::of_prompt(&[1, 2, 3]);
         s.record(k, &[1, 2, 3, 4]);
         s.record(k, &[5, 6, 7, 8]);
         assert_eq!(s.get(k)[0].as_ref(), &[5, 6, 7, 8]);
-        s.record(prompt_key(&[9]), &[9, 9, 9, 9]);
+        s.record(GroupKey::of_prompt(&[9]), &[9, 9, 9, 9]);
         assert!(s.tokens <= 10);
         assert!(s.get(k).is_empty(), "the least recent prompt went first");
-        assert_ne!(prompt_key(&[1, 2]), prompt_key(&[2, 1]));
     }
 }

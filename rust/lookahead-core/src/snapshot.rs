@@ -12,8 +12,9 @@ use crate::config::ConfigError;
 
 /// The magic bytes that open every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"LKAHSNAP";
-/// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// The snapshot format this build writes; it reads this one and every earlier one (format 1
+/// had no sibling calibration).
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// Why a snapshot was refused.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -127,8 +128,8 @@ pub(crate) fn frame(payload: &[u8]) -> Vec<u8> {
     w.buf
 }
 
-/// Checks the frame and returns the payload.
-pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
+/// Checks the frame and returns the format version and the payload.
+pub(crate) fn unframe(bytes: &[u8]) -> Result<(u32, &[u8]), SnapshotError> {
     let rest = bytes
         .strip_prefix(SNAPSHOT_MAGIC.as_slice())
         .ok_or(if bytes.len() < 8 {
@@ -138,7 +139,7 @@ pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
         })?;
     let mut r = Reader::new(rest);
     let version = r.u32()?;
-    if version != SNAPSHOT_VERSION {
+    if !(1..=SNAPSHOT_VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion {
             found: version,
             supported: SNAPSHOT_VERSION,
@@ -158,5 +159,5 @@ pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
     if stored != computed {
         return Err(SnapshotError::ChecksumMismatch { stored, computed });
     }
-    Ok(payload)
+    Ok((version, payload))
 }

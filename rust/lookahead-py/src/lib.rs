@@ -25,9 +25,9 @@ fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
     let class = match err {
         DraftError::UnknownRequest { .. } => "UnknownRequestError",
         DraftError::RequestAlreadyActive { .. } => "RequestAlreadyActiveError",
-        DraftError::TokenOutOfRange { .. } | DraftError::BudgetTooLarge { .. } => {
-            "InvalidArgumentError"
-        }
+        DraftError::TokenOutOfRange { .. }
+        | DraftError::BudgetTooLarge { .. }
+        | DraftError::GroupNameTooLong { .. } => "InvalidArgumentError",
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
             "ResourceExhaustedError"
         }
@@ -61,6 +61,18 @@ fn tree_tuple<'py>(py: Python<'py>, tree: DraftTree) -> PyResult<Bound<'py, PyTu
     (root, tree.tokens, tree.parents, tree.scores).into_pyobject(py)
 }
 
+/// One request of a step as Python passes it: `(request_id, prompt or None, new_tokens,
+/// accepted_last, finished, budget, group or None)`.
+type PyStepItem = (
+    String,
+    Option<Vec<i64>>,
+    Vec<i64>,
+    i64,
+    bool,
+    usize,
+    Option<String>,
+);
+
 /// One request of a step, as converted from Python.
 struct OwnedItem {
     request_id: String,
@@ -69,6 +81,7 @@ struct OwnedItem {
     accepted_last: Option<u32>,
     finished: bool,
     budget: usize,
+    group: Option<String>,
 }
 
 /// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
@@ -100,6 +113,7 @@ impl NativeDrafter {
             chain,
             vocab_size,
             max_request_tokens,
+            ..DrafterConfig::default()
         };
         Drafter::new(config)
             .map(|inner| Self { inner })
@@ -145,8 +159,9 @@ impl NativeDrafter {
     }
 
     /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
-    /// accepted_last (-1: unknown), finished, budget)`; the result has, per item, either a
-    /// tuple `(root, tokens, parents, scores)` or the exception that item raised.
+    /// accepted_last (-1: unknown), finished, budget, group or None)`; the result has, per
+    /// item, either a tuple `(root, tokens, parents, scores)` or the exception that item
+    /// raised.
     fn step<'py>(
         &self,
         py: Python<'py>,
@@ -154,16 +169,10 @@ impl NativeDrafter {
     ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let mut owned = Vec::with_capacity(items.len());
         for item in &items {
-            let (request_id, prompt, new_tokens, accepted_last, finished, budget): (
-                String,
-                Option<Vec<i64>>,
-                Vec<i64>,
-                i64,
-                bool,
-                usize,
-            ) = item.extract().map_err(|e| {
+            let (request_id, prompt, new_tokens, accepted_last, finished, budget, group): PyStepItem =
+                item.extract().map_err(|e| {
                 PyValueError::new_err(format!(
-                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget): {e}"
+                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget, group|None): {e}"
                 ))
             })?;
             owned.push(OwnedItem {
@@ -173,6 +182,7 @@ impl NativeDrafter {
                 request_id,
                 finished,
                 budget,
+                group,
             });
         }
         let results = py.detach(|| {
@@ -185,6 +195,7 @@ impl NativeDrafter {
                     accepted_last: o.accepted_last,
                     finished: o.finished,
                     budget: o.budget,
+                    group: o.group.as_deref(),
                 })
                 .collect();
             self.inner.step(&items)
@@ -212,6 +223,8 @@ impl NativeDrafter {
         d.set_item("draft_nodes", s.draft_nodes)?;
         d.set_item("accepted_reported", s.accepted_reported)?;
         d.set_item("steps_reported", s.steps_reported)?;
+        d.set_item("active_groups", s.active_groups)?;
+        d.set_item("group_bytes", s.group_bytes)?;
         Ok(d)
     }
 }

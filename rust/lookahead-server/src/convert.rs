@@ -70,9 +70,9 @@ pub fn core_error(context: &str, error: &DraftError) -> RequestError {
     let code = match error {
         DraftError::UnknownRequest { .. } => ErrorCode::UnknownRequest,
         DraftError::RequestAlreadyActive { .. } => ErrorCode::RequestAlreadyActive,
-        DraftError::TokenOutOfRange { .. } | DraftError::BudgetTooLarge { .. } => {
-            ErrorCode::InvalidArgument
-        }
+        DraftError::TokenOutOfRange { .. }
+        | DraftError::BudgetTooLarge { .. }
+        | DraftError::GroupNameTooLong { .. } => ErrorCode::InvalidArgument,
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
             ErrorCode::ResourceExhausted
         }

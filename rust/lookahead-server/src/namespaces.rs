@@ -468,9 +468,8 @@ mod tests {
             request_id: id,
             prompt,
             new_tokens: new,
-            accepted_last: None,
-            finished: false,
             budget,
+            ..StepItem::default()
         }
     }
 

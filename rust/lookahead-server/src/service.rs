@@ -303,6 +303,8 @@ impl Lookahead for LookaheadService {
             draft_nodes: s.draft_nodes,
             accepted_reported: s.accepted_reported,
             steps_reported: s.steps_reported,
+            active_groups: n(s.active_groups),
+            group_bytes: n(s.group_bytes),
         }))
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use lookahead_core::{DraftTree, StepItem};
+use lookahead_core::{DraftTree, MAX_GROUP_NAME_BYTES, StepItem};
 
 use crate::convert::{ResponseBuilder, core_error, push_tokens, request_error};
 use crate::namespaces::{Namespace, NamespaceError, Namespaces};
@@ -79,6 +79,7 @@ struct Checked<'a> {
     finished: bool,
     budget: usize,
     reset: bool,
+    group: Option<&'a str>,
 }
 
 /// Runs one step against `namespaces`.
@@ -167,6 +168,7 @@ fn run_checked_step(
             accepted_last: c.accepted_last,
             finished: c.finished,
             budget: c.budget,
+            group: c.group,
         })
         .collect();
     let outcomes = namespace.step(&items);
@@ -284,6 +286,15 @@ fn check<'a>(
             ),
         ));
     }
+    if step.group.len() > MAX_GROUP_NAME_BYTES {
+        return Err(invalid(
+            "group",
+            format!(
+                "group must be at most {MAX_GROUP_NAME_BYTES} bytes, got {}",
+                step.group.len()
+            ),
+        ));
+    }
     if step.reset && step.prompt.is_none() {
         return Err(invalid(
             "reset",
@@ -313,6 +324,7 @@ fn check<'a>(
         finished: step.finished,
         budget,
         reset: step.reset,
+        group: Some(step.group.as_str()).filter(|g| !g.is_empty()),
     })
 }
 

@@ -37,7 +37,7 @@ class StepRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ...) -> None: ...
 
 class RequestStep(_message.Message):
-    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset")
+    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class RequestStep(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: TokenList
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -52,7 +53,8 @@ class RequestStep(_message.Message):
     finished: bool
     budget: int
     reset: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ...) -> None: ...
+    group: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ..., group: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "roots", "sizes", "tokens", "parents", "scores", "errors", "error")
@@ -111,7 +113,7 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node")
+    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node", "active_groups", "group_bytes")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TRIE_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,8 @@ class StatsResponse(_message.Message):
     ACCEPTED_REPORTED_FIELD_NUMBER: _ClassVar[int]
     STEPS_REPORTED_FIELD_NUMBER: _ClassVar[int]
     TRIE_BYTES_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     active_requests: int
     trie_nodes: int
@@ -136,7 +140,9 @@ class StatsResponse(_message.Message):
     accepted_reported: int
     steps_reported: int
     trie_bytes_per_node: float
-    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ...) -> None: ...
+    active_groups: int
+    group_bytes: int
+    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ..., active_groups: _Optional[int] = ..., group_bytes: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,115 @@
+//! What a drafter hands to, and takes from, the other drafters of a cluster: the texts it
+//! learnt from ([`LearnedText`]: every server's shared statistics learn all of them) and the
+//! new tokens of group members ([`GroupUpdate`]: servers running other members of the group
+//! draft from them). Transport is the server's business; the core only records, bounded, and
+//! applies.
+
+use std::collections::VecDeque;
+
+use crate::Token;
+use crate::group::GroupKey;
+
+/// A text a drafter learnt from, as another drafter must apply it to learn the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LearnedText {
+    /// A request that ended (finished, expired, or dropped by a reset): its prompt and its
+    /// output, as they went into the shared trie.
+    Request {
+        /// The request's prompt.
+        prompt: Vec<Token>,
+        /// Its output.
+        output: Vec<Token>,
+        /// The output is complete: it is remembered as a sibling response of its group.
+        finished: bool,
+        /// The group name the request was started with (`None`: its group is its prompt).
+        group: Option<String>,
+    },
+    /// A document given to `ingest`.
+    Document(Vec<Token>),
+}
+
+impl LearnedText {
+    /// Tokens it carries.
+    pub fn tokens(&self) -> usize {
+        match self {
+            Self::Request { prompt, output, .. } => prompt.len() + output.len(),
+            Self::Document(tokens) => tokens.len(),
+        }
+    }
+}
+
+/// New output tokens of a group member, for the servers running other members of its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupUpdate {
+    /// The member's group.
+    pub group: GroupKey,
+    /// The member's request id on its own server.
+    pub member: String,
+    /// Output position of `tokens[0]`.
+    pub offset: u32,
+    /// Output tokens appended since the member's previous update.
+    pub tokens: Vec<Token>,
+    /// The member ended after `tokens`.
+    pub finished: bool,
+}
+
+/// A bounded queue of records for the cluster, oldest first; past its bound in tokens the
+/// oldest records are dropped and counted.
+#[derive(Debug)]
+pub(crate) struct Outbox<T> {
+    queue: VecDeque<(T, usize)>,
+    tokens: usize,
+    max_tokens: usize,
+    dropped: u64,
+}
+
+impl<T> Outbox<T> {
+    /// An outbox holding at most `max_tokens` tokens.
+    pub fn new(max_tokens: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            tokens: 0,
+            max_tokens,
+            dropped: 0,
+        }
+    }
+
+    /// Queues a record of `tokens` tokens, dropping the oldest ones past the bound.
+    pub fn push(&mut self, record: T, tokens: usize) {
+        self.queue.push_back((record, tokens));
+        self.tokens += tokens;
+        while self.tokens > self.max_tokens
+            && let Some((_, n)) = self.queue.pop_front()
+        {
+            self.tokens -= n;
+            self.dropped += 1;
+        }
+    }
+
+    /// Takes every queued record, oldest first.
+    pub fn take(&mut self) -> Vec<T> {
+        self.tokens = 0;
+        self.queue.drain(..).map(|(record, _)| record).collect()
+    }
+
+    /// Records dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_the_oldest_past_its_bound() {
+        let mut outbox = Outbox::new(10);
+        outbox.push("a", 6);
+        outbox.push("b", 3);
+        outbox.push("c", 4);
+        assert_eq!(outbox.dropped(), 1);
+        assert_eq!(outbox.take(), vec!["b", "c"]);
+        assert!(outbox.take().is_empty());
+    }
+}
