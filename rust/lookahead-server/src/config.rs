@@ -517,6 +517,8 @@ impl ServerConfig {
     pub fn namespace_drafter_config(&self) -> DrafterConfig {
         DrafterConfig {
             memory_budget_bytes: self.namespace_memory_budget(),
+            // In a cluster the drafters record what they learn for the other servers.
+            record_for_cluster: self.cluster.is_some(),
             ..self.drafter.clone()
         }
     }

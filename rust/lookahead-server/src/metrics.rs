@@ -445,7 +445,7 @@ pub struct DrafterCollector(pub Arc<dyn DrafterStatsSource>);
 /// read from [`Stats`].
 type StatSeries = (&'static str, &'static str, MetricType, fn(&Stats) -> u64);
 
-const DRAFTER_SERIES: [StatSeries; 10] = [
+const DRAFTER_SERIES: [StatSeries; 12] = [
     (
         "lookahead_active_requests",
         "Requests started and not ended.",
@@ -469,6 +469,18 @@ const DRAFTER_SERIES: [StatSeries; 10] = [
         "Live nodes of the shared n-gram trie.",
         MetricType::Gauge,
         |s| s.trie_nodes as u64,
+    ),
+    (
+        "lookahead_active_groups",
+        "Groups with an active request (samples of one prompt, or a named group).",
+        MetricType::Gauge,
+        |s| s.active_groups as u64,
+    ),
+    (
+        "lookahead_group_bytes",
+        "Heap bytes of the groups' indexes.",
+        MetricType::Gauge,
+        |s| s.group_bytes as u64,
     ),
     (
         "lookahead_evicted_nodes",

@@ -355,11 +355,6 @@ impl<S> AuthorityFix<S> {
             eof: false,
         }
     }
-
-    /// The wrapped connection.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {

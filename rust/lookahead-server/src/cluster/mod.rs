@@ -56,7 +56,6 @@ pub struct Cluster {
     stop: watch::Sender<bool>,
     sender: tokio::task::JoinHandle<()>,
     tasks: JoinSet<()>,
-    node_id: String,
 }
 
 impl Cluster {
@@ -83,7 +82,7 @@ impl Cluster {
         );
         let shared = Arc::new(Shared {
             names,
-            node_id: node_id.clone(),
+            node_id,
             namespaces,
             metrics: Arc::clone(&metrics),
             connected: connected.clone(),
@@ -129,13 +128,7 @@ impl Cluster {
             stop,
             sender,
             tasks,
-            node_id,
         })
-    }
-
-    /// This server's node id.
-    pub fn node_id(&self) -> &str {
-        &self.node_id
     }
 
     /// Stops the tasks; the batches still queued get [`FINAL_PUBLISH_GRACE`] to reach NATS.
