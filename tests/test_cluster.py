@@ -5,6 +5,7 @@ subjects) never reach a client and never make a server apply a text twice."""
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -126,6 +127,43 @@ def test_text_learnt_on_one_server_drafts_on_the_others(nats: NatsServerProcess)
         assert m[f'lookahead_cluster_consumed_messages_total{{namespace="{NS}"}}'] > 0
         assert m["lookahead_cluster_connected"] == 1
         assert metrics(a)["lookahead_cluster_published_messages_total"] > 0
+
+
+def test_samples_of_one_prompt_on_two_servers_draft_from_each_other(
+    nats: NatsServerProcess,
+) -> None:
+    """Two samples of one prompt, on two servers: the one that starts late drafts the text the
+    other has written so far (its history) and what it writes next, while both are running."""
+    rng = random.Random(4)
+    prompt = [rng.randrange(1000, 2000) for _ in range(50)]
+    output = [rng.randrange(2000, 3000) for _ in range(300)]
+
+    def late_sample_accepts(server: ServerProcess, early: RemoteDrafter) -> int:
+        with RemoteDrafter(server.tcp_target, namespace=NS, timeout=5.0) as late:
+            late.step([StepRequest("s2", prompt=prompt, budget=0)])
+            time.sleep(0.3)  # the history request and its answer
+            early.step([StepRequest("s1", new_tokens=output[150:200], budget=0)])
+            time.sleep(0.1)
+            tree = late.step([StepRequest("s2", new_tokens=output[:160], budget=16)])[0]
+            late.step([StepRequest("s2", budget=0, finished=True)])
+        return greedy_accept(tree, output[160:])
+
+    with ExitStack() as stack:
+        a, b = (stack.enter_context(cluster_server(nats.url, n)) for n in "ab")
+        alone = stack.enter_context(ServerProcess())
+        for server, expect_drafts in ((b, True), (alone, False)):
+            with RemoteDrafter(a.tcp_target, namespace=NS, timeout=5.0) as early:
+                rid = "s1"
+                early.step([StepRequest(rid, prompt=prompt, budget=0)])
+                for i in range(0, 150, 10):  # s1 runs on a, 150 tokens in
+                    early.step([StepRequest(rid, new_tokens=output[i : i + 10], budget=0)])
+                accepted = late_sample_accepts(server, early)
+                early.step([StepRequest(rid, budget=0, finished=True)])
+            if expect_drafts:
+                assert accepted >= 8, f"the late sample drafted {accepted} tokens of its sibling's"
+                assert metrics(b)["lookahead_cluster_group_applied_tokens_total"] >= 150
+            else:
+                assert accepted == 0, "a server outside the cluster cannot know the sibling"
 
 
 def test_namespaces_stay_apart_across_servers(nats: NatsServerProcess) -> None:
