@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--target", help="server address for the 'remote' drafter")
     rp.add_argument(
+        "--cluster-batch-ms",
+        type=int,
+        default=20,
+        metavar="MS",
+        help="with --sharing cluster: the servers' --cluster-batch-ms (default 20)",
+    )
+    rp.add_argument(
         "--sglang-capacity",
         type=int,
         default=10_000_000,
@@ -164,7 +171,9 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     mininterval=0.5,
                 ) as bar:
                     try:
-                        result, lag = _run(workload, spec, options, s, bar.update)
+                        result, lag = _run(
+                            workload, spec, options, s, bar.update, args.cluster_batch_ms
+                        )
                     except ReplayError as exc:
                         print(f"lookahead-bench: error: {desc}: {exc}", file=sys.stderr)
                         return 1
@@ -200,13 +209,14 @@ def _run(
     options: DrafterOptions,
     settings: ReplaySettings,
     progress: Callable[[int], object],
+    cluster_batch_ms: int,
 ) -> tuple[ReplayResult, ClusterLag | None]:
     """One replay; with ``sharing="cluster"`` on a fresh local cluster, whose lag it returns."""
     if settings.sharing != "cluster" or settings.replicas == 1:
         return replay(workload, lambda: spec.factory(options), settings, progress=progress), None
     from .cluster import LocalCluster
 
-    with LocalCluster(settings.replicas) as cluster:
+    with LocalCluster(settings.replicas, ["--cluster-batch-ms", str(cluster_batch_ms)]) as cluster:
         result = replay(workload, cluster.factory(), settings, progress=progress)
         return result, cluster.lag()
 
