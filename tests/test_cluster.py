@@ -244,6 +244,35 @@ def trees(server: ServerProcess, probes: list[list[int]]) -> list[tuple]:
     return [tuple(r.tokens), tuple(r.parents), tuple(round(x, 6) for x in r.scores)]
 
 
+def test_while_nats_is_away_the_outgoing_buffer_keeps_the_newest(
+    nats: NatsServerProcess,
+) -> None:
+    """A 64 KiB buffer and eight batches of about 30 KB learnt while NATS is down: the oldest
+    are dropped (counted), the newest reach the other server once NATS is back."""
+    rng = random.Random(8)
+    docs = [[rng.randrange(100_000, 150_000) for _ in range(10_000)] for _ in range(8)]
+    with ExitStack() as stack:
+        a = stack.enter_context(cluster_server(nats.url, "a", "--cluster-buffer", "64KiB"))
+        b = stack.enter_context(cluster_server(nats.url, "b"))
+        open_namespace(b)
+        ingest(a, [[1, 2, 3, 4, 5] * 10])  # the namespace exists on a, and its consumer
+        same_tokens(a, b)
+        base = ingested(b)
+        nats.kill()
+        wait_for(lambda: metrics(a)["lookahead_cluster_connected"] == 0, 10, "a to see NATS go")
+        for doc in docs:
+            ingest(a, [doc])
+            time.sleep(0.1)  # one batch each
+        dropped = metrics(a)["lookahead_cluster_dropped_messages_total"]
+        kept = len(docs) - int(dropped)
+        assert 1 <= kept < len(docs), f"{dropped} of {len(docs)} dropped"
+        assert metrics(a)["lookahead_cluster_dropped_tokens_total"] == dropped * 10_000
+        nats.start()
+        wait_for(lambda: ingested(b) == base + kept * 10_000, 30, "the kept batches to arrive")
+        assert draft_accepts(b, docs[-1]) > 0, "the newest reached b"
+        assert draft_accepts(b, docs[0]) == 0, "the oldest were dropped"
+
+
 def test_a_killed_server_restarts_from_its_snapshot_and_the_stream(
     nats: NatsServerProcess, tmp_path: Path
 ) -> None:
