@@ -4,10 +4,12 @@ expiry, memory under budget, Prometheus metrics, bearer tokens, Unix socket mode
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -42,14 +44,19 @@ def rss_bytes(pid: int) -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The metrics endpoint's samples: ``{'name{labels}': value}``."""
+    """The metrics endpoint's samples: ``{'name{labels}': value}``, labels sorted by name."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
         text = reply.read().decode()
+    assert text.endswith("# EOF\n")
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             key, _, value = line.rpartition(" ")
+            name, _, labels = key.partition("{")
+            if labels:
+                key = name + "{" + ",".join(sorted(labels.rstrip("}").split(","))) + "}"
             samples[key] = float(value)
     return samples
 
@@ -259,14 +266,59 @@ def test_metrics_endpoint_reports_steps_drafts_and_errors() -> None:
     ns = 'namespace="default"'
     steps = m[f"lookahead_step_latency_seconds_count{{{ns}}}"]
     assert steps == 3 * 12 + 2  # learn() makes 12 steps per 300-token text, then "m" and "ghost"
-    assert m[f'lookahead_step_latency_seconds_bucket{{{ns},le="+Inf"}}'] == steps
+    assert m[f'lookahead_step_latency_seconds_bucket{{le="+Inf",{ns}}}'] == steps
     assert m[f"lookahead_drafts_total{{{ns}}}"] > 0
     assert m[f"lookahead_draft_nodes_total{{{ns}}}"] > 0
     assert m[f"lookahead_trie_nodes{{{ns}}}"] > 0
     assert m[f"lookahead_memory_bytes{{{ns}}}"] > 0
     assert m[f"lookahead_active_requests{{{ns}}}"] == 1
-    assert m[f'lookahead_request_errors_total{{{ns},code="ERROR_CODE_UNKNOWN_REQUEST"}}'] == 1
-    assert m['lookahead_call_errors_total{method="Stats",code="NotFound"}'] == 1
+    assert m[f'lookahead_request_errors_total{{code="ERROR_CODE_UNKNOWN_REQUEST",{ns}}}'] == 1
+    assert m['lookahead_call_errors_total{code="NotFound",method="Stats"}'] == 1
+
+
+def _http_exchange(port: int, payload: bytes, *, read_until_close: bool = True) -> bytes:
+    """Sends raw bytes to the metrics port and returns what came back until the server
+    closed the connection (or 5 s passed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(payload)
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if not read_until_close:
+                break
+        return b"".join(chunks)
+
+
+def test_metrics_endpoint_speaks_http_like_a_server_should() -> None:
+    """HEAD, keep-alive (two requests on one connection), 404/405, a malformed request and a
+    client that never finishes its request head: the endpoint answers each as HTTP says and
+    keeps serving."""
+    port = free_tcp_port()
+    with ServerProcess(["--metrics-listen", f"127.0.0.1:{port}"]):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("HEAD", "/metrics")
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b""
+        conn.request("GET", "/metrics")  # same connection: keep-alive
+        body = conn.getresponse().read().decode()
+        assert "lookahead_snapshot_failures_total 0" in body
+        conn.request("POST", "/metrics", body=b"x")
+        assert conn.getresponse().status == 405
+        conn.close()
+        assert _http_exchange(
+            port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", read_until_close=False
+        ).startswith(b"HTTP/1.1 404")
+        assert _http_exchange(port, b"\x00\x01 garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # ...and never the rest
+        assert scrape(port)["lookahead_namespaces"] == 0  # others are served meanwhile
+        slow.close()
 
 
 def test_json_logs() -> None:
@@ -365,6 +417,44 @@ def test_unix_socket_mode() -> None:
     with ServerProcess(["--unix-socket-mode", "660"]) as server:
         assert server.socket_path is not None
         assert os.stat(server.socket_path).st_mode & 0o777 == 0o660
+
+
+def test_stock_grpc_clients_work_over_the_unix_socket() -> None:
+    """A plain ``grpc.insecure_channel("unix://...")`` with no options: grpcio sends the
+    socket path as the HTTP/2 authority; health, steps and streams must still work."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with ServerProcess(tcp=False) as server:
+        assert server.socket_path is not None
+        for target in (server.unix_target, f"unix:{server.socket_path}"):
+            with grpc.insecure_channel(target) as channel:
+                health = health_pb2_grpc.HealthStub(channel)
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                stub = LookaheadStub(channel)
+                answer = raw_step(
+                    stub,
+                    [
+                        pb.RequestStep(
+                            request_id="u", prompt=pb.TokenList(tokens=[1, 2, 3, 1, 2]), budget=4
+                        )
+                    ],
+                )
+                assert list(answer.roots) == [2]
+                requests = iter(
+                    [
+                        pb.StepRequest(
+                            step_id=7,
+                            requests=[pb.RequestStep(request_id="u", new_tokens=[3], budget=4)],
+                        )
+                    ]
+                )
+                streamed = list(stub.StepStream(requests, timeout=5))
+                assert [a.step_id for a in streamed] == [7]
+                stub.Step(
+                    pb.StepRequest(requests=[pb.RequestStep(request_id="u", finished=True)]),
+                    timeout=5,
+                )
 
 
 def test_concurrent_snapshots_do_not_stall_steps(tmp_path: Path) -> None:

@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .cluster import ClusterLag
 from .load import add_load_parser, run_load
-from .registry import DRAFTERS, DrafterOptions, UnknownDrafterError, get_spec
-from .replay import ADMISSION, SHARING, ReplayError, ReplaySettings, replay
+from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
+from .replay import ADMISSION, SHARING, ReplayError, ReplayResult, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
-from .workload import DEMO_WORKLOAD, WorkloadError, load_workload
+from .workload import DEMO_WORKLOAD, Workload, WorkloadError, load_workload
 
 __all__ = ["main", "build_parser"]
 
@@ -87,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sharing",
         type=_choice_list(SHARING),
         default=["shared"],
-        help="with R > 1: one drafter for all replicas (shared) or one each (private)",
+        help="with R > 1: one drafter for all replicas (shared), one each (private), or one "
+        "lookahead-server each joined through a local nats-server (cluster; drafter lookahead)",
     )
     rp.add_argument(
         "--admission",
@@ -109,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         "file; b: the 2nd, 4th...), for tuning on one half and checking on the other",
     )
     rp.add_argument("--target", help="server address for the 'remote' drafter")
+    rp.add_argument(
+        "--cluster-batch-ms",
+        type=int,
+        default=20,
+        metavar="MS",
+        help="with --sharing cluster: the servers' --cluster-batch-ms (default 20)",
+    )
     rp.add_argument(
         "--sglang-capacity",
         type=int,
@@ -161,11 +170,19 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise ValueError(f"{option}: the folder of {out} does not exist")
         if args.sglang_capacity < 1:
             raise ValueError(f"--sglang-capacity must be >= 1, got {args.sglang_capacity}")
+        if any(s.sharing == "cluster" for s in settings):
+            if drafters != ["lookahead"]:
+                raise ValueError("--sharing cluster runs the lookahead drafter only")
+            from lookahead_client.nats_process import find_nats_server
+            from lookahead_client.server_process import find_server_binary
+
+            find_nats_server()
+            find_server_binary()
         paths = args.workload or [str(DEMO_WORKLOAD)]
         workloads = [(path, load_workload(path, limit=args.limit)) for path in paths]
         if args.split:
             workloads = [(path, w.half(args.split)) for path, w in workloads]
-    except (UnknownDrafterError, ImportError, ValueError, WorkloadError) as exc:
+    except (UnknownDrafterError, ImportError, ValueError, WorkloadError, FileNotFoundError) as exc:
         print(f"lookahead-bench: error: {exc}", file=sys.stderr)
         return 2
 
@@ -192,8 +209,8 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     mininterval=0.5,
                 ) as bar:
                     try:
-                        result = replay(
-                            workload, lambda f=spec.factory, o=options: f(o), s, progress=bar.update
+                        result, lag = _run(
+                            workload, spec, options, s, bar.update, args.cluster_batch_ms
                         )
                     except ReplayError as exc:
                         print(f"lookahead-bench: error: {desc}: {exc}", file=sys.stderr)
@@ -202,6 +219,18 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 row = result_row(workload.name, path, spec.name, s, result)
                 rows.append(row)
                 print(format_row(row), flush=True)
+                if lag is not None:
+                    row["cluster_lag"] = {
+                        "messages": lag.messages,
+                        "p50_s": lag.p50_s,
+                        "p99_s": lag.p99_s,
+                    }
+                    print(
+                        f"  cluster lag (made on one server -> applied on another): "
+                        f"p50 {lag.p50_s * 1e3:.1f} ms, p99 {lag.p99_s * 1e3:.1f} ms "
+                        f"over {lag.messages} messages",
+                        flush=True,
+                    )
                 if args.json:  # rewritten after every run: a long sweep keeps what it did
                     write_json(args.json, rows, argv)
     if args.plot:
@@ -210,6 +239,24 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         print(f"json: {args.json}")
     return 0
+
+
+def _run(
+    workload: Workload,
+    spec: DrafterSpec,
+    options: DrafterOptions,
+    settings: ReplaySettings,
+    progress: Callable[[int], object],
+    cluster_batch_ms: int,
+) -> tuple[ReplayResult, ClusterLag | None]:
+    """One replay; with ``sharing="cluster"`` on a fresh local cluster, whose lag it returns."""
+    if settings.sharing != "cluster" or settings.replicas == 1:
+        return replay(workload, lambda: spec.factory(options), settings, progress=progress), None
+    from .cluster import LocalCluster
+
+    with LocalCluster(settings.replicas, ["--cluster-batch-ms", str(cluster_batch_ms)]) as cluster:
+        result = replay(workload, cluster.factory(), settings, progress=progress)
+        return result, cluster.lag()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,8 @@ Semantics (``shared/workloads/FORMAT.md``), and the exact order of events chosen
   ``finished=True`` in the step of its admission and takes no slot.
 * Shared drafters (``sharing="shared"``) serve every replica (one ``step`` call per replica
   and round); private ones serve one replica each. With one replica the two are the same.
+  Cluster ones (``sharing="cluster"``) serve one replica each, like private ones, but learn
+  from each other through the cluster, as fast as it delivers (the replay does not wait).
 * With ``group_names``, every request names its workload group as its drafter group
   (``StepRequest.group``); without, drafters group requests by prompt on their own.
 
@@ -61,8 +63,9 @@ __all__ = [
     "replay",
 ]
 
-#: The values of ``ReplaySettings.sharing``; "n/a" is what one replica reports.
-SHARING = ("shared", "private")
+#: The values of ``ReplaySettings.sharing``; "n/a" is what one replica reports. "cluster":
+#: one drafter per replica, each on its own server, the servers joined through NATS.
+SHARING = ("shared", "private", "cluster")
 #: The values of ``ReplaySettings.admission``.
 ADMISSION = ("continuous", "lockstep")
 
@@ -79,7 +82,8 @@ class ReplaySettings:
         budget: the most draft nodes per tree (B).
         concurrency: slots per replica (C).
         replicas: engines the requests are dealt to (R).
-        sharing: "shared" (one drafter for all replicas) or "private" (one each).
+        sharing: "shared" (one drafter for all replicas), "private" (one each, apart) or
+            "cluster" (one each, learning from each other through the cluster).
         admission: "continuous" (any free slot takes the next request) or "lockstep" (the
             requests of a group start together).
         group_names: requests name their workload group as their drafter group.
@@ -105,7 +109,7 @@ class ReplaySettings:
     @property
     def drafters_needed(self) -> int:
         """How many drafter instances the replay uses."""
-        return self.replicas if self.sharing == "private" else 1
+        return 1 if self.sharing == "shared" else self.replicas
 
     @property
     def sharing_label(self) -> str:

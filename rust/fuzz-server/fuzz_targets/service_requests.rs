@@ -29,7 +29,7 @@ fn namespaces() -> &'static Namespaces {
             max_request_tokens: 1 << 14,
             ..Default::default()
         };
-        Namespaces::new(config, 4)
+        Namespaces::new(config, 4, std::sync::Arc::default())
     })
 }
 

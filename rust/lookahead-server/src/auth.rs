@@ -46,7 +46,7 @@ impl Grant {
             return Ok(());
         }
         let name = resolve_name(namespace).unwrap_or(namespace);
-        Err(crate::service::field_status(
+        Err(crate::status::field_status(
             tonic::Code::PermissionDenied,
             "namespace",
             format!("the token does not grant namespace {name:?}"),

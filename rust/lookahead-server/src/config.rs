@@ -237,6 +237,97 @@ pub struct Cli {
     /// TCP client must present one. Needs --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+
+    /// Join a cluster through NATS JetStream: a NATS server URL (nats://HOST:PORT, or
+    /// tls://HOST:PORT). Repeat for more seed servers of one NATS cluster. Without it the
+    /// server learns only from its own clients (docs/cluster.md).
+    #[arg(long = "cluster", value_name = "URL", help_heading = "Cluster")]
+    pub cluster: Vec<String>,
+
+    /// Name of the cluster: servers with the same name share what they learn (it names the
+    /// JetStream stream LOOKAHEAD_<NAME> and the subjects lookahead.<NAME>.>).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "default",
+        help_heading = "Cluster"
+    )]
+    pub cluster_name: String,
+
+    /// This server's id in the cluster. Default: a random id, kept in --snapshot-dir/node-id
+    /// so that it is stable across restarts (without --snapshot-dir it changes each start).
+    #[arg(long, value_name = "ID", help_heading = "Cluster")]
+    pub node_id: Option<String>,
+
+    /// NATS credentials file (.creds: user JWT and NKey seed) for the cluster connection.
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Cluster",
+        conflicts_with = "cluster_token_file"
+    )]
+    pub cluster_creds: Option<PathBuf>,
+
+    /// File holding a NATS authentication token for the cluster connection.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    pub cluster_token_file: Option<PathBuf>,
+
+    /// CA certificate(s) (PEM) to verify the NATS servers with; implies TLS.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    pub cluster_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for NATS servers that require one; needs --cluster-tls-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Cluster",
+        requires = "cluster_tls_key"
+    )]
+    pub cluster_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --cluster-tls-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Cluster",
+        requires = "cluster_tls_cert"
+    )]
+    pub cluster_tls_key: Option<PathBuf>,
+
+    /// Refuse a NATS connection without TLS.
+    #[arg(long, help_heading = "Cluster")]
+    pub cluster_require_tls: bool,
+
+    /// Seconds the stream keeps a message (what a new or restarted server can catch up on).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 86_400.0,
+        help_heading = "Cluster"
+    )]
+    pub cluster_max_age: f64,
+
+    /// Bytes the stream keeps at most (oldest messages go first).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size, help_heading = "Cluster")]
+    pub cluster_max_bytes: usize,
+
+    /// Copies of the stream kept by a clustered NATS deployment (1 to 5).
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = "Cluster")]
+    pub cluster_replicas: usize,
+
+    /// Bytes of outgoing messages kept while NATS cannot take them; past it the oldest are
+    /// dropped (counted in lookahead_cluster_dropped_*).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size, help_heading = "Cluster")]
+    pub cluster_buffer: usize,
+
+    /// Milliseconds between two batches of learnt texts (per namespace).
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 20,
+        help_heading = "Cluster"
+    )]
+    pub cluster_batch_ms: u64,
 }
 
 /// Parses octal permission bits (`600`, `0660`).
@@ -302,6 +393,94 @@ pub struct ServerConfig {
     pub max_active_requests: usize,
     /// Persistence, expiry, metrics and access control.
     pub ops: OpsConfig,
+    /// The cluster (None: a server on its own).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// Settings of the cluster connection (`--cluster` and the flags after it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterConfig {
+    /// NATS server URLs (seeds).
+    pub servers: Vec<String>,
+    /// The cluster's name (`[A-Za-z0-9_-]`, 1 to 64 bytes).
+    pub name: String,
+    /// The node id given on the command line (None: the stable random one).
+    pub node_id: Option<String>,
+    /// NATS credentials file.
+    pub creds_file: Option<PathBuf>,
+    /// File holding a NATS token.
+    pub token_file: Option<PathBuf>,
+    /// CA of the NATS servers (implies TLS).
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate and key for NATS.
+    pub tls_client: Option<(PathBuf, PathBuf)>,
+    /// Refuse plaintext NATS connections.
+    pub require_tls: bool,
+    /// How long the stream keeps a message.
+    pub max_age: Duration,
+    /// Bytes the stream keeps.
+    pub max_bytes: u64,
+    /// Stream replicas.
+    pub replicas: usize,
+    /// Bound of the outgoing buffer, in bytes.
+    pub buffer_bytes: usize,
+    /// Time between batches.
+    pub batch_interval: Duration,
+}
+
+impl ClusterConfig {
+    /// Checks what clap cannot.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        let invalid = |field: &'static str, reason: String| ServerError::Config { field, reason };
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if !name_ok(&self.name) {
+            return Err(invalid(
+                "cluster_name",
+                format!("{:?}: use 1 to 64 letters, digits, '_' or '-'", self.name),
+            ));
+        }
+        if let Some(id) = &self.node_id
+            && !name_ok(id)
+        {
+            return Err(invalid(
+                "node_id",
+                format!("{id:?}: use 1 to 64 letters, digits, '_' or '-'"),
+            ));
+        }
+        for url in &self.servers {
+            let scheme = url.split_once("://").map(|(s, _)| s);
+            if !matches!(scheme, Some("nats" | "tls" | "ws" | "wss")) || url.ends_with("://") {
+                return Err(invalid(
+                    "cluster",
+                    format!("{url:?}: expected nats://HOST:PORT or tls://HOST:PORT"),
+                ));
+            }
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(invalid(
+                "cluster_replicas",
+                format!("{} is not between 1 and 5", self.replicas),
+            ));
+        }
+        if self.max_age.is_zero() {
+            return Err(invalid("cluster_max_age", "must be above 0".into()));
+        }
+        if self.buffer_bytes < 1 << 16 {
+            return Err(invalid(
+                "cluster_buffer",
+                format!("{} bytes is too small (at least 64KiB)", self.buffer_bytes),
+            ));
+        }
+        if self.batch_interval.is_zero() {
+            return Err(invalid("cluster_batch_ms", "must be at least 1".into()));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -323,6 +502,7 @@ impl Default for ServerConfig {
                 unix_socket_mode: 0o600,
                 ..OpsConfig::default()
             },
+            cluster: None,
         }
     }
 }
@@ -337,6 +517,8 @@ impl ServerConfig {
     pub fn namespace_drafter_config(&self) -> DrafterConfig {
         DrafterConfig {
             memory_budget_bytes: self.namespace_memory_budget(),
+            // In a cluster the drafters record what they learn for the other servers.
+            record_for_cluster: self.cluster.is_some(),
             ..self.drafter.clone()
         }
     }
@@ -370,6 +552,9 @@ impl ServerConfig {
         }
         if u32::try_from(self.drafter.max_budget).is_err() {
             return Err(invalid("max_budget", "must fit in 32 bits".into()));
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
         }
         self.namespace_drafter_config()
             .validate()
@@ -405,6 +590,26 @@ impl TryFrom<Cli> for ServerConfig {
             tls_cert: cli.tls_cert.zip(cli.tls_key),
             tls_client_ca: cli.tls_client_ca,
         };
+        let cluster = if cli.cluster.is_empty() {
+            None
+        } else {
+            let max_age = seconds("cluster_max_age", cli.cluster_max_age)?;
+            Some(ClusterConfig {
+                servers: cli.cluster,
+                name: cli.cluster_name,
+                node_id: cli.node_id,
+                creds_file: cli.cluster_creds,
+                token_file: cli.cluster_token_file,
+                tls_ca: cli.cluster_tls_ca,
+                tls_client: cli.cluster_tls_cert.zip(cli.cluster_tls_key),
+                require_tls: cli.cluster_require_tls,
+                max_age,
+                max_bytes: cli.cluster_max_bytes as u64,
+                replicas: cli.cluster_replicas,
+                buffer_bytes: cli.cluster_buffer,
+                batch_interval: Duration::from_millis(cli.cluster_batch_ms),
+            })
+        };
         let config = Self {
             listen: cli.listen,
             memory_budget_bytes: cli.memory_budget,
@@ -429,6 +634,7 @@ impl TryFrom<Cli> for ServerConfig {
             max_step_tokens: cli.max_step_tokens,
             max_active_requests: cli.max_active_requests,
             ops,
+            cluster,
         };
         config.validate()?;
         Ok(config)
@@ -508,6 +714,55 @@ mod tests {
         assert_eq!(config.namespace_memory_budget(), 2 << 20);
         assert_eq!(config.drafter.max_budget, 32);
         assert_eq!(config.drafter.max_ngram, DrafterConfig::default().max_ngram);
+    }
+
+    #[test]
+    fn cluster_flags_build_a_cluster_config() {
+        let cli = Cli::try_parse_from(["lookahead-server"]).expect("parses");
+        assert_eq!(ServerConfig::try_from(cli).expect("valid").cluster, None);
+        let cli = Cli::try_parse_from([
+            "lookahead-server",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--cluster",
+            "nats://127.0.0.1:4223",
+            "--cluster-name",
+            "prod",
+            "--node-id",
+            "node-7",
+            "--cluster-max-bytes",
+            "2GiB",
+        ])
+        .expect("parses");
+        let cluster = ServerConfig::try_from(cli)
+            .expect("valid")
+            .cluster
+            .expect("cluster on");
+        assert_eq!(cluster.servers.len(), 2);
+        assert_eq!(
+            (cluster.name.as_str(), cluster.node_id.as_deref()),
+            ("prod", Some("node-7"))
+        );
+        assert_eq!(cluster.max_bytes, 2 << 30);
+        for (flag, value, field) in [
+            ("--cluster-name", "a.b", "cluster_name"),
+            ("--node-id", "x y", "node_id"),
+            ("--cluster-replicas", "9", "cluster_replicas"),
+        ] {
+            let cli =
+                Cli::try_parse_from(["lookahead-server", "--cluster", "nats://h:1", flag, value])
+                    .expect("parses");
+            match ServerConfig::try_from(cli) {
+                Err(ServerError::Config { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{flag} {value}: expected a config error, got {other:?}"),
+            }
+        }
+        let cli = Cli::try_parse_from(["lookahead-server", "--cluster", "127.0.0.1:4222"])
+            .expect("parses");
+        assert!(
+            ServerConfig::try_from(cli).is_err(),
+            "a URL needs its scheme"
+        );
     }
 
     #[test]

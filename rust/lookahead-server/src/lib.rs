@@ -13,19 +13,23 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
 mod logging;
 mod maintenance;
 pub mod metrics;
+pub mod metrics_http;
 pub mod namespaces;
 pub mod pb;
 pub mod persistence;
 mod server;
 pub mod service;
 mod shutdown;
+pub mod status;
 pub mod step;
+pub mod uds_authority;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

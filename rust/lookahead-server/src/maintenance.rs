@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -13,7 +12,7 @@ use crate::auth::Auth;
 use crate::config::OpsConfig;
 use crate::metrics::ServerMetrics;
 use crate::namespaces::Namespaces;
-use crate::persistence::write_atomic;
+use crate::persistence::{encode_file, write_atomic};
 
 /// What the upkeep task works on.
 pub struct Maintenance {
@@ -71,9 +70,7 @@ impl Maintenance {
                 continue;
             };
             if expired > 0 {
-                ns.metrics()
-                    .expired_requests
-                    .fetch_add(expired as u64, Ordering::Relaxed);
+                ns.metrics().expired(expired as u64);
                 tracing::info!(namespace = %ns.name(), expired, ttl_s = ttl.as_secs_f64(), "idle requests ended (--request-ttl)");
             }
         }
@@ -92,24 +89,23 @@ pub async fn snapshot_all(
         let dir = dir.to_path_buf();
         let started = Instant::now();
         let task = tokio::task::spawn_blocking(move || {
-            let bytes = ns.snapshot();
-            let outcome = write_atomic(&dir, ns.name(), &bytes);
-            (ns, bytes.len(), outcome)
+            let snapshot = ns.snapshot();
+            let file = encode_file(&snapshot.bytes, snapshot.replicated_through);
+            let outcome = write_atomic(&dir, ns.name(), &file);
+            (ns, file.len(), outcome)
         });
         match task.await {
             Ok((ns, bytes, Ok(path))) => {
-                ns.metrics()
-                    .snapshots_written
-                    .fetch_add(1, Ordering::Relaxed);
+                ns.metrics().snapshot_written();
                 tracing::debug!(namespace = %ns.name(), path = %path.display(), bytes, ms = started.elapsed().as_millis() as u64, "snapshot written");
                 written.push(path);
             }
             Ok((ns, _, Err(e))) => {
-                metrics.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+                metrics.snapshot_failed();
                 tracing::error!(namespace = %ns.name(), error = %e, "snapshot NOT written");
             }
             Err(e) => {
-                metrics.snapshot_failures.fetch_add(1, Ordering::Relaxed);
+                metrics.snapshot_failed();
                 tracing::error!(error = %e, "snapshot task failed");
             }
         }

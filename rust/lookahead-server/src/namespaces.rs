@@ -16,9 +16,9 @@ use std::thread::JoinHandle;
 
 use lookahead_core::{ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepItem};
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
 
-use crate::metrics::NamespaceMetrics;
-use crate::persistence::Restored;
+use crate::metrics::{DrafterStatsSource, NamespaceMetrics, ServerMetrics};
 
 /// The namespace used when a call names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -88,6 +88,19 @@ pub struct Namespace {
     wake: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
     metrics: NamespaceMetrics,
+    /// The last cluster stream sequence applied (0: none). Held while a message is applied
+    /// and while a snapshot is encoded, so that a snapshot and its sequence agree.
+    replicated: Mutex<u64>,
+    /// Notified after every step (the cluster publishes group tokens right away).
+    stepped: Arc<Notify>,
+}
+
+/// A namespace's learnt state as snapshot bytes, with the cluster stream sequence it includes.
+pub struct NamespaceSnapshot {
+    /// The core's snapshot.
+    pub bytes: Vec<u8>,
+    /// The last stream sequence applied before it was taken (0: none).
+    pub replicated_through: u64,
 }
 
 /// What the flush thread and the steps share.
@@ -129,16 +142,28 @@ impl FlushState {
 }
 
 impl Namespace {
-    fn new(name: &str, config: DrafterConfig) -> Result<Self, NamespaceError> {
+    fn new(
+        name: &str,
+        config: DrafterConfig,
+        metrics: NamespaceMetrics,
+        stepped: Arc<Notify>,
+    ) -> Result<Self, NamespaceError> {
         let drafter = Drafter::new(config).map_err(|source| NamespaceError::Config {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(name, drafter))
+        Ok(Self::with_drafter(name, drafter, metrics, 0, stepped))
     }
 
-    /// A namespace over an existing drafter (one restored from a snapshot).
-    fn with_drafter(name: &str, drafter: Drafter) -> Self {
+    /// A namespace over an existing drafter (one restored from a snapshot that included the
+    /// cluster stream up to `replicated_through`).
+    fn with_drafter(
+        name: &str,
+        drafter: Drafter,
+        metrics: NamespaceMetrics,
+        replicated_through: u64,
+        stepped: Arc<Notify>,
+    ) -> Self {
         let drafter = Arc::new(drafter);
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
@@ -173,7 +198,9 @@ impl Namespace {
             flush,
             wake,
             thread,
-            metrics: NamespaceMetrics::default(),
+            metrics,
+            replicated: Mutex::new(replicated_through),
+            stepped,
         }
     }
 
@@ -182,20 +209,47 @@ impl Namespace {
         &self.metrics
     }
 
-    /// The learnt state as snapshot bytes (after the inserts of every answered step). Takes
-    /// only read locks of the drafter: steps go on meanwhile. CPU work: call it off the async
-    /// workers.
-    pub fn snapshot(&self) -> Vec<u8> {
+    /// The learnt state as snapshot bytes (after the inserts of every answered step), with
+    /// the cluster stream sequence it includes. Takes only read locks of the drafter: steps go
+    /// on meanwhile (messages of the cluster wait). CPU work: call it off the async workers.
+    pub fn snapshot(&self) -> NamespaceSnapshot {
         self.flush.settle(&self.drafter);
         // Holding the gate keeps the flush thread from queueing a trie writer, which would
         // block the steps' read sections until the snapshot is done.
         self.flush.snapshotting.store(true, Ordering::Release);
-        let bytes = {
+        let snapshot = {
             let _gate = self.flush.gate.lock();
-            self.drafter.snapshot()
+            let replicated = self.replicated.lock();
+            NamespaceSnapshot {
+                bytes: self.drafter.snapshot(),
+                replicated_through: *replicated,
+            }
         };
         self.flush.snapshotting.store(false, Ordering::Release);
-        bytes
+        snapshot
+    }
+
+    /// The last cluster stream sequence applied (0: none).
+    pub fn replicated_through(&self) -> u64 {
+        *self.replicated.lock()
+    }
+
+    /// Forgets the stream position (the stream it referred to is gone): the next message
+    /// applied may have any sequence.
+    pub fn restart_replication(&self) {
+        *self.replicated.lock() = 0;
+    }
+
+    /// Applies stream message `seq` with `apply`, unless a message at or after `seq` was
+    /// applied already (a redelivery: returns `None`). A snapshot never sees half of it.
+    pub fn apply_replicated<T>(&self, seq: u64, apply: impl FnOnce(&Drafter) -> T) -> Option<T> {
+        let mut replicated = self.replicated.lock();
+        if seq <= *replicated {
+            return None;
+        }
+        let outcome = apply(&self.drafter);
+        *replicated = seq;
+        Some(outcome)
     }
 
     /// Ends the requests no step touched for `max_idle`; returns how many.
@@ -230,6 +284,7 @@ impl Namespace {
             },
             None => self.flush.settle_unless_snapshotting(&self.drafter),
         }
+        self.stepped.notify_one();
         results
     }
 
@@ -273,17 +328,35 @@ pub struct Namespaces {
     map: RwLock<HashMap<String, Arc<Namespace>>>,
     limit: usize,
     config: DrafterConfig,
+    metrics: Arc<ServerMetrics>,
+    stepped: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespaces")
+            .field("names", &self.names())
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Namespaces {
     /// An empty set that creates up to `limit` namespaces, each with `config` (which holds
-    /// the namespace's share of the memory budget).
-    pub fn new(config: DrafterConfig, limit: usize) -> Self {
+    /// the namespace's share of the memory budget); their counters go to `metrics`.
+    pub fn new(config: DrafterConfig, limit: usize, metrics: Arc<ServerMetrics>) -> Self {
         Self {
             map: RwLock::new(HashMap::new()),
             limit,
             config,
+            metrics,
+            stepped: Arc::new(Notify::new()),
         }
+    }
+
+    /// Notified after every step of every namespace.
+    pub fn stepped(&self) -> Arc<Notify> {
+        Arc::clone(&self.stepped)
     }
 
     /// The drafter settings of every namespace.
@@ -324,23 +397,36 @@ impl Namespaces {
                 limit: self.limit,
             });
         }
-        let ns = Arc::new(Namespace::new(name, self.config.clone())?);
+        let ns = Arc::new(Namespace::new(
+            name,
+            self.config.clone(),
+            self.metrics.namespace(name),
+            Arc::clone(&self.stepped),
+        )?);
         map.insert(name.to_string(), Arc::clone(&ns));
         tracing::info!(namespace = name, count = map.len(), "namespace created");
         Ok(ns)
     }
 
-    /// Adds namespaces restored from snapshots (before serving). Names already present and
-    /// those past the limit are skipped with a warning.
-    pub fn restore(&self, restored: Vec<Restored>) {
+    /// Adds namespaces restored from snapshots (before serving): (name, drafter, last cluster
+    /// stream sequence included). Names already present and those past the limit are skipped
+    /// with a warning.
+    pub fn restore(&self, restored: impl IntoIterator<Item = (String, Drafter, u64)>) {
         let mut map = self.map.write();
-        for r in restored {
-            if map.contains_key(&r.namespace) || map.len() >= self.limit {
-                tracing::warn!(namespace = %r.namespace, "restored namespace skipped (duplicate or over --max-namespaces)");
+        for (name, drafter, replicated_through) in restored {
+            if map.contains_key(&name) || map.len() >= self.limit {
+                tracing::warn!(namespace = %name, "restored namespace skipped (duplicate or over --max-namespaces)");
                 continue;
             }
-            let ns = Arc::new(Namespace::with_drafter(&r.namespace, r.drafter));
-            map.insert(r.namespace, ns);
+            let metrics = self.metrics.namespace(&name);
+            let ns = Arc::new(Namespace::with_drafter(
+                &name,
+                drafter,
+                metrics,
+                replicated_through,
+                Arc::clone(&self.stepped),
+            ));
+            map.insert(name, ns);
         }
     }
 
@@ -356,6 +442,15 @@ impl Namespaces {
         let mut names: Vec<String> = self.map.read().keys().cloned().collect();
         names.sort();
         names
+    }
+}
+
+impl DrafterStatsSource for Namespaces {
+    fn drafter_stats(&self) -> Vec<(String, Stats)> {
+        self.all()
+            .iter()
+            .map(|ns| (ns.name().to_string(), ns.stats()))
+            .collect()
     }
 }
 
@@ -388,7 +483,7 @@ mod tests {
 
     #[test]
     fn namespaces_are_created_up_to_the_limit_and_kept_apart() {
-        let set = Namespaces::new(DrafterConfig::default(), 2);
+        let set = Namespaces::new(DrafterConfig::default(), 2, Arc::default());
         assert!(matches!(set.get("a"), Err(NamespaceError::NotFound { .. })));
         let a = set.get_or_create("a").expect("created");
         set.get_or_create("").expect("default created");
@@ -412,7 +507,7 @@ mod tests {
 
     #[test]
     fn end_if_active_tells_whether_the_request_existed() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         let ns = set.get_or_create("x").expect("created");
         assert_eq!(ns.end_if_active("r"), Ok(false));
         assert!(ns.step(&[item("r", Some(&[5, 6]), &[], 0)])[0].is_ok());

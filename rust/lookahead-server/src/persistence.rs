@@ -3,6 +3,11 @@
 //! at start. A corrupt or truncated file is never half-loaded: the server refuses to start
 //! (`--on-corrupt fail`) or moves it aside as `*.corrupt` and starts that namespace empty
 //! (`--on-corrupt empty`).
+//!
+//! In a cluster a file also records the last stream sequence its state includes: it starts
+//! with [`CLUSTER_HEADER_MAGIC`] and that sequence (u64, little-endian), then the core's
+//! snapshot. Files without the header (written outside a cluster) hold the core's snapshot
+//! alone, as before.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -17,6 +22,35 @@ use crate::namespaces::resolve_name;
 const FILE_PREFIX: &str = "ns-";
 /// ...and ends with this.
 const FILE_SUFFIX: &str = ".snap";
+
+/// The first bytes of a snapshot file written in a cluster.
+pub const CLUSTER_HEADER_MAGIC: &[u8; 8] = b"LKCLSEQ1";
+
+/// The bytes of a snapshot file: the core's snapshot, after the cluster header when
+/// `replicated_through` is above 0.
+pub fn encode_file(core_snapshot: &[u8], replicated_through: u64) -> Vec<u8> {
+    if replicated_through == 0 {
+        return core_snapshot.to_vec();
+    }
+    let mut out = Vec::with_capacity(16 + core_snapshot.len());
+    out.extend_from_slice(CLUSTER_HEADER_MAGIC);
+    out.extend_from_slice(&replicated_through.to_le_bytes());
+    out.extend_from_slice(core_snapshot);
+    out
+}
+
+/// Splits a snapshot file into the core's snapshot and the stream sequence it includes (0
+/// without the cluster header).
+pub fn decode_file(bytes: &[u8]) -> (&[u8], u64) {
+    match bytes.strip_prefix(CLUSTER_HEADER_MAGIC.as_slice()) {
+        Some(rest) if rest.len() >= 8 => {
+            let (seq, core) = rest.split_at(8);
+            let seq = u64::from_le_bytes(seq.try_into().unwrap_or_default());
+            (core, seq)
+        }
+        _ => (bytes, 0),
+    }
+}
 
 /// What to do with a snapshot file that cannot be loaded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -130,6 +164,8 @@ pub struct Restored {
     pub drafter: Drafter,
     /// The file it came from.
     pub path: PathBuf,
+    /// The last cluster stream sequence its state includes (0: none).
+    pub replicated_through: u64,
 }
 
 /// Reads every snapshot file of `dir` (created if missing). Files that are not snapshots of
@@ -168,13 +204,15 @@ pub fn load_all(
             path: path.clone(),
             source,
         })?;
-        match Drafter::from_snapshot(config.clone(), &bytes) {
+        let (core, replicated_through) = decode_file(&bytes);
+        match Drafter::from_snapshot(config.clone(), core) {
             Ok(drafter) => {
-                tracing::info!(namespace = %namespace, path = %path.display(), bytes = bytes.len(), "snapshot restored");
+                tracing::info!(namespace = %namespace, path = %path.display(), bytes = bytes.len(), replicated_through, "snapshot restored");
                 restored.push(Restored {
                     namespace,
                     drafter,
                     path,
+                    replicated_through,
                 });
             }
             Err(source) => match on_corrupt {
@@ -257,6 +295,24 @@ mod tests {
             load_all(dir.path(), &DrafterConfig::default(), OnCorrupt::Fail, 8).expect("load");
         assert_eq!(restored.len(), 1);
         assert_eq!(restored[0].namespace, "m/1");
+        assert_eq!(restored[0].drafter.stats().trie_nodes, d.stats().trie_nodes);
+    }
+
+    #[test]
+    fn cluster_files_carry_their_stream_sequence() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = learnt_drafter();
+        let file = encode_file(&d.snapshot(), 41);
+        assert_eq!(decode_file(&file).1, 41);
+        assert_eq!(
+            encode_file(&d.snapshot(), 0),
+            d.snapshot(),
+            "no header outside a cluster"
+        );
+        write_atomic(dir.path(), "c", &file).expect("written");
+        let restored =
+            load_all(dir.path(), &DrafterConfig::default(), OnCorrupt::Fail, 8).expect("load");
+        assert_eq!(restored[0].replicated_through, 41);
         assert_eq!(restored[0].drafter.stats().trie_nodes, d.stats().trie_nodes);
     }
 

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use futures_util::TryStreamExt;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -13,15 +14,17 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::auth::Auth;
+use crate::cluster::{Cluster, node_id};
 use crate::config::{ListenAddr, ServerConfig};
 use crate::error::ServerError;
 use crate::maintenance::{Maintenance, snapshot_all};
-use crate::metrics::ServerMetrics;
+use crate::metrics::{ClusterMetrics, DrafterStatsSource, ServerMetrics};
 use crate::namespaces::Namespaces;
 use crate::pb;
 use crate::pb::lookahead_server::LookaheadServer;
 use crate::persistence::load_all;
 use crate::service::{LookaheadService, ServiceLimits};
+use crate::uds_authority::AuthorityFix;
 use std::sync::Arc;
 
 /// An address the server is listening on (ports resolved).
@@ -60,6 +63,7 @@ pub struct BoundServer {
     metrics: Arc<ServerMetrics>,
     shutdown: watch::Sender<bool>,
     config: ServerConfig,
+    cluster: Option<(Cluster, Arc<ClusterMetrics>)>,
 }
 
 /// Binds every address of `config`, restores the snapshots of `--snapshot-dir`, loads the
@@ -74,7 +78,12 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         })?,
         None => Auth::disabled(),
     };
-    let namespaces = Namespaces::new(config.namespace_drafter_config(), config.max_namespaces);
+    let metrics = Arc::new(ServerMetrics::default());
+    let namespaces = Namespaces::new(
+        config.namespace_drafter_config(),
+        config.max_namespaces,
+        Arc::clone(&metrics),
+    );
     if let Some(dir) = &ops.snapshot_dir {
         let (dir, drafter) = (dir.clone(), config.namespace_drafter_config());
         let (on_corrupt, limit) = (ops.on_corrupt, config.max_namespaces);
@@ -83,7 +92,11 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
                 .await
                 .map_err(|e| ServerError::Runtime(std::io::Error::other(e.to_string())))?
                 .map_err(ServerError::Snapshot)?;
-        namespaces.restore(restored);
+        namespaces.restore(
+            restored
+                .into_iter()
+                .map(|r| (r.namespace, r.drafter, r.replicated_through)),
+        );
     }
     let mut listeners = Vec::with_capacity(config.listen.len());
     for addr in &config.listen {
@@ -92,7 +105,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     let metrics_listener = match &ops.metrics_listen {
         Some(addr) => {
             let (listener, local) =
-                crate::metrics::bind(addr)
+                crate::metrics_http::bind(addr)
                     .await
                     .map_err(|source| ServerError::Bind {
                         addr: format!("{addr} (--metrics-listen)"),
@@ -105,8 +118,29 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
     let tls = tls_config(ops)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let namespaces = Arc::new(namespaces);
+    let cluster = match &config.cluster {
+        Some(cluster_config) => {
+            let node_id = node_id::resolve(
+                cluster_config.node_id.as_deref(),
+                ops.snapshot_dir.as_deref(),
+            )
+            .map_err(|reason| ServerError::Config {
+                field: "node_id",
+                reason,
+            })?;
+            let cluster_metrics = Arc::new(ClusterMetrics::default());
+            let cluster = Cluster::start(
+                cluster_config.clone(),
+                node_id,
+                Arc::clone(&namespaces),
+                Arc::clone(&cluster_metrics),
+            )
+            .await?;
+            Some((cluster, cluster_metrics))
+        }
+        None => None,
+    };
     let auth = Arc::new(auth);
-    let metrics = Arc::new(ServerMetrics::default());
     let limits = ServiceLimits {
         max_requests_per_step: config.max_requests_per_step,
         max_message_bytes: config.max_message_bytes,
@@ -129,6 +163,7 @@ pub async fn bind(config: &ServerConfig) -> Result<BoundServer, ServerError> {
         metrics,
         shutdown,
         config: config.clone(),
+        cluster,
     })
 }
 
@@ -238,6 +273,7 @@ impl BoundServer {
             metrics,
             shutdown,
             config,
+            cluster,
         } = self;
         let mut background = JoinSet::new();
         background.spawn(
@@ -251,10 +287,18 @@ impl BoundServer {
         );
         if let Some((addr, listener)) = metrics_listener {
             tracing::info!(address = %addr, "metrics endpoint listening (GET /metrics)");
-            let (namespaces, metrics) = (Arc::clone(&namespaces), Arc::clone(&metrics));
-            background.spawn(crate::metrics::serve(listener, move || {
-                crate::metrics::render(&namespaces, &metrics)
-            }));
+            let drafters: Arc<dyn DrafterStatsSource> = namespaces.clone();
+            let cluster_metrics = cluster.as_ref().map(|(_, m)| m.as_ref());
+            let registry = Arc::new(crate::metrics::registry(
+                &metrics,
+                cluster_metrics,
+                drafters,
+            ));
+            background.spawn(crate::metrics_http::serve(
+                listener,
+                registry,
+                shutdown.subscribe(),
+            ));
         }
         if auth.enabled() {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -327,7 +371,8 @@ impl BoundServer {
                 Listener::Unix(path, listener) => {
                     tracing::info!(path = %path.display(), "listening (unix)");
                     sockets.push(path.clone());
-                    let incoming = UnixListenerStream::new(listener);
+                    // Stock gRPC clients send the socket path as :authority: see uds_authority.
+                    let incoming = UnixListenerStream::new(listener).map_ok(AuthorityFix::new);
                     tasks.spawn(async move {
                         router
                             .serve_with_incoming_shutdown(incoming, stopped)
@@ -374,6 +419,10 @@ impl BoundServer {
             tasks.abort_all();
         }
         background.abort_all();
+        // The last batches go out before the final snapshots record the stream position.
+        if let Some((cluster, _)) = cluster {
+            cluster.shutdown().await;
+        }
         if let Some(dir) = &config.ops.snapshot_dir {
             let written = snapshot_all(&namespaces, dir, &metrics).await;
             tracing::info!(files = written.len(), dir = %dir.display(), "final snapshots written");

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use futures_util::Stream;
 use tokio::sync::watch;
-use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Grant};
@@ -18,19 +17,8 @@ use crate::pb::{
     InfoRequest, InfoResponse, IngestRequest, IngestResponse, StatsRequest, StatsResponse,
     StepRequest, StepResponse,
 };
+use crate::status::field_status;
 use crate::step::{Refusal, StepLimits, run_step};
-
-/// The trailing-metadata key that names the offending field of a failed call.
-pub const FIELD_METADATA_KEY: &str = "lookahead-field";
-
-/// A gRPC status naming the offending field (in the message and in [`FIELD_METADATA_KEY`]).
-pub fn field_status(code: Code, field: &str, message: impl Into<String>) -> Status {
-    let mut metadata = MetadataMap::new();
-    if let Ok(value) = MetadataValue::try_from(field) {
-        metadata.insert(FIELD_METADATA_KEY, value);
-    }
-    Status::with_metadata(code, message, metadata)
-}
 
 impl From<Refusal> for Status {
     fn from(r: Refusal) -> Self {

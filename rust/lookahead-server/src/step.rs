@@ -92,7 +92,7 @@ pub fn run_step(
     let started = std::time::Instant::now();
     let response = run_checked_step(&namespace, limits, request)?;
     let metrics = namespace.metrics();
-    metrics.step_latency.observe(started.elapsed());
+    metrics.observe_step(started.elapsed());
     for error in &response.errors {
         let code = ErrorCode::try_from(error.code).unwrap_or(ErrorCode::Unspecified);
         metrics.request_error(code.as_str_name());
@@ -330,6 +330,8 @@ fn check<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use lookahead_core::DrafterConfig;
 
     use super::*;
@@ -375,7 +377,7 @@ mod tests {
 
     #[test]
     fn one_bad_request_does_not_fail_the_others() {
-        let set = Namespaces::new(DrafterConfig::default(), 2);
+        let set = Namespaces::new(DrafterConfig::default(), 2, Arc::default());
         let response = run_step(
             &set,
             &limits(),
@@ -416,7 +418,7 @@ mod tests {
 
     #[test]
     fn repeated_ids_unknown_requests_and_resets() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         let response = run_step(
             &set,
             &limits(),
@@ -465,7 +467,7 @@ mod tests {
 
     #[test]
     fn whole_step_refusals() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         let too_many = step(
             (0..5)
                 .map(|i| rs(&format!("r{i}"), Some(vec![1]), vec![], 0))
@@ -501,7 +503,12 @@ mod tests {
 
     #[test]
     fn step_token_and_active_request_limits() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let metrics = Arc::new(crate::metrics::ServerMetrics::default());
+        let set = Arc::new(Namespaces::new(
+            DrafterConfig::default(),
+            1,
+            Arc::clone(&metrics),
+        ));
         let big = step(vec![rs("a", Some(vec![1; 40]), vec![2; 25], 0)]);
         let refusal = run_step(&set, &limits(), big).expect_err("too many tokens");
         assert_eq!(
@@ -537,13 +544,17 @@ mod tests {
             Some((ErrorCode::ResourceExhausted, "prompt".into()))
         );
         assert_eq!(set.get("").expect("exists").stats().active_requests, 3);
-        let ns = set.get("").expect("exists");
-        assert_eq!(ns.metrics().step_latency_count(), 2);
+        // The refused step is not timed; the two answered ones are.
+        let text = crate::metrics::encode(&crate::metrics::registry(&metrics, None, set));
+        assert!(
+            text.contains("lookahead_step_latency_seconds_count{namespace=\"default\"} 2"),
+            "{text}"
+        );
     }
 
     #[test]
     fn finished_requests_end_and_later_tokens_are_unknown() {
-        let set = Namespaces::new(DrafterConfig::default(), 1);
+        let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         run_step(
             &set,
             &limits(),
