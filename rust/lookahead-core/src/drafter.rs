@@ -483,6 +483,8 @@ impl Drafter {
         {
             let mut state = request.lock();
             state.last_used = Instant::now();
+            // where the new tokens start in the request's output
+            let offset = state.response().len() as u32;
             if !item.new_tokens.is_empty() {
                 let held = state.own_text().len() + item.new_tokens.len();
                 if held > self.config.max_request_tokens {
@@ -492,7 +494,6 @@ impl Drafter {
                         max: self.config.max_request_tokens,
                     });
                 }
-                let offset = state.response().len() as u32;
                 state.append(item.new_tokens, &self.calibration);
                 self.account(&mut state);
                 self.extend_member(&state, offset, item.new_tokens);
@@ -501,7 +502,7 @@ impl Drafter {
                 let update = GroupUpdate {
                     group: state.group_key,
                     member: item.request_id.to_owned(),
-                    offset: (state.response().len() - item.new_tokens.len()) as u32,
+                    offset,
                     tokens: item.new_tokens.to_vec(),
                     finished: item.finished,
                 };
