@@ -19,9 +19,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from lookahead_client.cost import CostModel
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.hf import speculative_generate
 from lookahead_client.prompt_lookup import PromptLookupDrafter
+from lookahead_client.sizing import SizingPolicy
 from lookahead_client.types import DraftTree, StepRequest
 from lookahead_client.verify import SamplingParams, warp_logits
 from test_verify import assert_same_law
@@ -219,10 +221,11 @@ def test_invalid_arguments():
 class ModelTreeDrafter:
     """Drafts with the target model itself (a deterministic function of the context): the
     second and third likeliest next tokens (so the root often rejects every child), and the
-    two likeliest tokens after each of them."""
+    two likeliest tokens after each of them, with the given node scores."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, scores: Sequence[float] = (1.0,) * 6) -> None:
         self._model = model
+        self._scores = tuple(scores)
         self._contexts: dict[str, list[int]] = {}
         self._trees: dict[tuple[int, ...], DraftTree] = {}
 
@@ -240,7 +243,7 @@ class ModelTreeDrafter:
             first = self._top([context], 3)[0][1:]
             second = self._top([context + [t] for t in first], 2)
             tokens = tuple(first + second[0] + second[1])
-            self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), (1.0,) * 6)
+            self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), self._scores)
         return self._trees[key]
 
     def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
@@ -264,7 +267,20 @@ class ModelTreeDrafter:
         return {"active_requests": len(self._contexts)}
 
 
+def fixed_cost_policy(batch: int, slot_cost: float, max_slots: int = 16) -> SizingPolicy:
+    """A sizing policy with a fixed cost model: a step of ``batch`` requests with ``d`` slots
+    each takes ``1 + slot_cost * (d - 1)`` seconds (no timing, no exploration)."""
+    rows = [
+        {"tokens": batch * d, "seconds": 1.0 + slot_cost * (d - 1)} for d in range(1, max_slots)
+    ]
+    return SizingPolicy(CostModel.from_measurements(rows), learn_cost=False, explore=False)
+
+
 def test_sampling_first_tokens_match_plain_sampling():
+    """Lossless sampling with the sizing policy on: the trees are cut to 3 of their 6 nodes
+    (both children of the root and the best grandchild) and the first two tokens still follow
+    the exact law of plain sampling. (Three new tokens: with two, no grandchild could add a
+    token and the policy would rightly drop them all.)"""
     vocab, n = 8, 20_000
     model = tiny_model("llama", vocab, seed=3)
     params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
@@ -275,23 +291,31 @@ def test_sampling_first_tokens_match_plain_sampling():
         nexts = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
         second = warp_logits(nexts, params).softmax(-1)
     probs = (first[:, None] * second).reshape(-1).double().numpy()
+    # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
+    # 2.2/1.8: three nodes are best.
+    policy = fixed_cost_policy(n, slot_cost=0.2)
     result = speculative_generate(
         model,
         [prompt] * n,
-        ModelTreeDrafter(model),
-        max_new_tokens=2,
+        ModelTreeDrafter(model, scores=(0.4, 0.3, 0.3, 0.1, 0.2, 0.1)),
+        max_new_tokens=3,
         budget=6,
         sampling=params,
         eos_token_id=[],
         generator=torch.Generator().manual_seed(4),
+        sizing=policy,
     )
-    codes = np.array([a * vocab + b for a, b in result.tokens])
+    codes = np.array([t[0] * vocab + t[1] for t in result.tokens])
     assert_same_law(np.bincount(codes, minlength=vocab * vocab), probs)
+    # The first step verified the cut trees: 3 nodes each, 4 slots.
+    assert policy.stats()["widths"].get(4, 0) >= 1
+    assert result.draft_nodes >= 3 * n
     # Both paths were common: a child accepted at the root, or every child rejected (and a
-    # second step needed).
+    # second step needed). (Once the calibration has seen the first step's low acceptance, the
+    # policy may decode the later steps plainly.)
     accepted_first = sum(a > 0 for a in result.accepted)
-    assert 0.2 * n < accepted_first < 0.8 * n, accepted_first
-    assert result.forward_passes == 2
+    assert 0.1 * n < accepted_first < 0.9 * n, accepted_first
+    assert result.forward_passes <= 3
 
 
 def test_smollm2_greedy_equals_generate():

@@ -10,6 +10,12 @@
 3. verify (:mod:`lookahead_client.verify`, greedy or lossless sampling), keep only the KV
    entries of the root and the accepted nodes, and tell the drafter the emitted tokens.
 
+By default each step's trees are first cut by a :class:`~lookahead_client.sizing.SizingPolicy`
+to the width that maximises expected tokens per second, down to plain decoding when drafts
+do not pay for their verification (``sizing=False`` verifies whole trees up to ``budget``).
+The default policy learns this model's step times and this drafter's realised acceptance
+from the steps themselves, and keeps them for later calls with the same model and drafter.
+
 Requests of a batch advance by different amounts, so the KV cache is a common array of slots
 with a per-request validity mask: a request's slots that another request needed hold garbage
 and are masked out forever (there are none with a batch of one). Written against
@@ -21,11 +27,14 @@ float mask, shape ``[bs, 1, q, kv]``) and ``DynamicCache.layers[i].keys/values``
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .cost import CostModel
 from .errors import InvalidArgumentError
+from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .tree import TreeTensors, build_tree_tensors
 from .types import Drafter, StepRequest
 from .verify import SamplingParams, VerifyResult, verify
@@ -33,9 +42,33 @@ from .verify import SamplingParams, VerifyResult, verify
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GenerationResult", "speculative_generate"]
+__all__ = ["GenerationResult", "default_policy", "speculative_generate"]
 
 _request_counter = itertools.count()
+
+# What the default sizing policy has learnt: step times per model, acceptance per drafter.
+_model_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_drafter_calibrations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remembered(store: weakref.WeakKeyDictionary, key: object, make):
+    try:
+        value = store.get(key)
+        if value is None:
+            value = store[key] = make()
+        return value
+    except TypeError:  # not weakly referenceable: nothing is kept between calls
+        return make()
+
+
+def default_policy(model, drafter: Drafter) -> SizingPolicy:
+    """The sizing policy ``speculative_generate`` uses by default for ``model`` and ``drafter``:
+    padded layout, a cost model of ``model``'s steps and a calibration of ``drafter``'s scores,
+    both learnt online and kept (weakly referenced) for later calls with the same objects."""
+    return SizingPolicy(
+        _remembered(_model_costs, model, CostModel),
+        _remembered(_drafter_calibrations, drafter, AcceptanceCalibration),
+    )
 
 
 @dataclass
@@ -48,6 +81,7 @@ class GenerationResult:
         steps: the verification forward passes each prompt took part in.
         forward_passes: model calls of the decode loop (the prefill excluded).
         draft_nodes: draft nodes verified, over all prompts and steps.
+        plain_passes: forward passes that verified no draft node (plain decoding steps).
     """
 
     tokens: list[list[int]]
@@ -55,6 +89,7 @@ class GenerationResult:
     steps: list[int]
     forward_passes: int = 0
     draft_nodes: int = 0
+    plain_passes: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -198,6 +233,7 @@ def _stop_tokens(model, eos_token_id: int | Sequence[int] | None) -> frozenset[i
 def _record(
     result: GenerationResult,
     rows: list[int],
+    lengths: list[int],
     verdict: VerifyResult,
     request_ids: Sequence[str],
     stops: frozenset[int],
@@ -209,7 +245,6 @@ def _record(
     Returns the drafter's next step requests and the batch positions still running.
     """
     pending, keep = [], []
-    lengths = verdict.accept_length.tolist()
     for j, (row, emitted) in enumerate(zip(rows, verdict.tokens(), strict=True)):
         out = result.tokens[row]
         new = emitted[: max_new_tokens - len(out)]
@@ -234,6 +269,21 @@ def _record(
     return pending, keep
 
 
+def _plan(
+    policy: SizingPolicy,
+    trees: list,
+    batch: _Batch,
+    result: GenerationResult,
+    max_new_tokens: int,
+    budget: int,
+) -> SizingPlan:
+    """The policy's cut of the step's trees: every query attends to the whole cache width,
+    and a request can use no node deeper than the tokens it may still emit."""
+    width = int(batch.valid.shape[1])
+    remaining = [max_new_tokens - len(result.tokens[r]) for r in batch.rows]
+    return policy.plan(trees, [width] * len(trees), max_nodes=budget, remaining=remaining)
+
+
 def speculative_generate(
     model,
     prompts: Sequence[Sequence[int]],
@@ -245,6 +295,7 @@ def speculative_generate(
     eos_token_id: int | Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     request_ids: Sequence[str] | None = None,
+    sizing: SizingPolicy | bool = True,
 ) -> GenerationResult:
     """Generates from ``prompts`` with draft trees verified in one forward pass per step.
 
@@ -259,10 +310,13 @@ def speculative_generate(
             ``step`` with their prompt and end through ``step`` with ``finished=True``.
         max_new_tokens: tokens to generate per prompt at most.
         budget: draft nodes per tree at most (the root excluded); 0 decodes plainly.
+            With sizing, the policy verifies fewer when more would not pay.
         sampling: None or temperature 0 for greedy, else the sampling parameters.
         eos_token_id: stop token(s); None takes the model's generation config, ``[]`` none.
         generator: random generator for sampling (on the model's device).
         request_ids: drafter request ids, one per prompt; unique ones by default.
+        sizing: True for :func:`default_policy`, a :class:`SizingPolicy` (padded layout) to
+            use that one, False to verify whole trees (up to ``budget`` nodes) every step.
 
     Raises:
         InvalidArgumentError: an empty prompt, a negative budget or token count, ids of the
@@ -274,6 +328,12 @@ def speculative_generate(
         raise InvalidArgumentError("every prompt needs at least one token", field="prompts")
     if budget < 0:
         raise InvalidArgumentError(f"budget must be >= 0, got {budget}", field="budget")
+    if isinstance(sizing, SizingPolicy) and sizing.layout != "padded":
+        raise InvalidArgumentError(
+            "speculative_generate pads every tree to the step's width: it needs a "
+            f"'padded' sizing policy, got {sizing.layout!r}",
+            field="sizing",
+        )
     if max_new_tokens < 0:
         raise InvalidArgumentError(
             f"max_new_tokens must be >= 0, got {max_new_tokens}", field="max_new_tokens"
@@ -289,26 +349,44 @@ def speculative_generate(
     if n == 0 or max_new_tokens == 0:
         return result
     stops = _stop_tokens(model, eos_token_id)
+    policy = default_policy(model, drafter) if sizing is True else sizing or None
     with torch.inference_mode():
         batch = _prefill(model, prompts)
         pending = [
             StepRequest(request_ids[r], budget=budget, prompt=list(prompts[r])) for r in range(n)
         ]
         while batch.rows:
+            started = policy.clock() if policy is not None else 0.0
             trees = [
                 t for t, req in zip(drafter.step(pending), pending, strict=True) if not req.finished
             ]
-            result.draft_nodes += sum(min(len(t), budget) for t in trees)
-            d = 1 + min(budget, max(len(t) for t in trees))
+            plan = None
+            if policy is not None:
+                plan = _plan(policy, trees, batch, result, max_new_tokens, budget)
+                trees, d = plan.trees, plan.num_slots
+            else:
+                d = 1 + min(budget, max(len(t) for t in trees))
+            nodes = sum(min(len(t), d - 1) for t in trees)
+            result.draft_nodes += nodes
+            result.plain_passes += nodes == 0
             tree = build_tree_tensors(trees, d, batch.lengths, batch.roots.tolist(), model.device)
             logits = _forward_tree(model, batch, tree)
             result.forward_passes += 1
             verdict = verify(tree, logits, sampling, generator)
             batch.keep_accepted(verdict)
+            lengths = verdict.accept_length.tolist()
+            rows = batch.rows
             pending, keep = _record(
-                result, batch.rows, verdict, request_ids, stops, budget, max_new_tokens
+                result, rows, lengths, verdict, request_ids, stops, budget, max_new_tokens
             )
-            if len(keep) < len(batch.rows):
+            if len(keep) < len(rows):
                 batch.select(keep)
+            if plan is not None:
+                # Slot s of a tree holds node s - 1; the accepted slots follow the root.
+                accepted = [
+                    [s - 1 for s in row[1 : n + 1]]
+                    for row, n in zip(verdict.accept_index.tolist(), lengths, strict=True)
+                ]
+                policy.observe(plan, accepted, policy.clock() - started)
         drafter.step(pending)  # tells the drafter the last tokens of the finished requests
     return result
