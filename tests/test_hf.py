@@ -126,16 +126,19 @@ class OracleTreeDrafter:
         truth = future[: rng.randrange(0, 8)]
         if truth and rng.random() < 0.3:
             truth[rng.randrange(len(truth))] = rng.randrange(self._vocab)
-        tokens, parents = [], []
-        chain_parent = -1
+        tokens, parents, scores = [], [], []
+        chain_parent, above = -1, 1.0
         for depth, tok in enumerate(truth):  # BFS: each level is [true node, decoy(s)]
             level = [tok, rng.randrange(self._vocab)] + ([tok] if depth == 0 else [])
-            for t in level:
+            # Scores: 0.85 per level along the true branch, decoys far below, the twin as
+            # likely as the node it copies (the drafter cannot tell them apart).
+            for t, score in zip(level, (0.85 * above, 0.3 * above, 0.85 * above), strict=False):
                 tokens.append(t)
                 parents.append(chain_parent)
-            chain_parent = len(tokens) - len(level)
+                scores.append(score)
+            chain_parent, above = len(tokens) - len(level), 0.85 * above
         n = min(budget, len(tokens))
-        return DraftTree(context[-1], tuple(tokens[:n]), tuple(parents[:n]), (1.0,) * n)
+        return DraftTree(context[-1], tuple(tokens[:n]), tuple(parents[:n]), tuple(scores[:n]))
 
     def end(self, request_id: str) -> None:
         self._requests.pop(request_id)
@@ -164,6 +167,88 @@ def test_greedy_equals_generate_batched_with_tree_drafts(arch):
     assert sum(result.accepted) > 0.5 * sum(result.steps)
     assert result.forward_passes < max_new
     assert drafter.stats()["active_requests"] == 0
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_equals_generate_with_trees_cut_by_the_policy(arch):
+    """A policy whose cost model makes each extra slot cost 15% of a step: it verifies the
+    best few nodes of each tree (and sometimes none), and the output is still ``generate``'s."""
+    vocab, max_new = 96, 20
+    model = tiny_model(arch, vocab, seed=5)
+    prompts = make_prompts(13, vocab, count=12)
+    expected = [reference(model, p, max_new, eos=2) for p in prompts]
+    drafter = OracleTreeDrafter(
+        {tuple(p): e for p, e in zip(prompts, expected, strict=True)}, vocab
+    )
+    policy = fixed_cost_policy(len(prompts), slot_cost=0.15)
+    result = speculative_generate(
+        model, prompts, drafter, max_new_tokens=max_new, budget=12, eos_token_id=2, sizing=policy
+    )
+    assert result.tokens == expected
+    widths = policy.stats()["widths"]
+    # Cut trees: neither always whole (13 slots) nor always plain.
+    assert max(widths) < 13 and any(w > 1 for w in widths), widths
+    assert sum(result.accepted) > 0
+
+
+def test_overconfident_garbage_drafts_are_turned_off():
+    """Random chains scored 0.95: the calibration sees them rejected and the policy decodes
+    plainly; the output is ``generate``'s either way."""
+    vocab, max_new = 96, 40
+    model = tiny_model("llama", vocab, seed=6)
+    prompts = make_prompts(14, vocab, count=4)
+
+    class Garbage(OracleTreeDrafter):
+        def _tree(self, context, future, budget):
+            rng = random.Random(len(context))
+            n = min(budget, 8)
+            return DraftTree(
+                context[-1],
+                tuple(rng.randrange(3, vocab) for _ in range(n)),
+                tuple(range(-1, n - 1)),
+                tuple(0.95 ** (k + 1) for k in range(n)),
+            )
+
+    drafter = Garbage({tuple(p): [] for p in prompts}, vocab)
+    policy = fixed_cost_policy(1, slot_cost=0.15)
+    plain_passes = passes = 0
+    for prompt in prompts:
+        result = speculative_generate(
+            model, [prompt], drafter, max_new_tokens=max_new, eos_token_id=[], sizing=policy
+        )
+        assert result.tokens[0] == reference(model, prompt, max_new, eos=[])
+        plain_passes += result.plain_passes
+        passes += result.forward_passes
+    assert plain_passes > 0.8 * passes, (plain_passes, passes)
+    stats = policy.stats()
+    assert stats["accepted"] < 0.2 * stats["expected_raw"]
+
+
+def test_whole_trees_without_sizing():
+    vocab = 96
+    model = tiny_model("llama", vocab, seed=7)
+    prompt = make_prompts(15, vocab)[5]
+    full = reference(model, prompt, 16, eos=[])
+    sizes: list[int] = []
+
+    class Counted(OracleTreeDrafter):
+        def _tree(self, context, future, budget):
+            tree = super()._tree(context, future, budget)
+            sizes.append(len(tree))
+            return tree
+
+    drafter = Counted({tuple(prompt): full}, vocab)
+    result = speculative_generate(
+        model, [prompt], drafter, max_new_tokens=16, budget=4, eos_token_id=[], sizing=False
+    )
+    assert result.tokens == [full]
+    # Whole trees up to the budget, every step.
+    assert result.draft_nodes == sum(min(n, 4) for n in sizes) > 0
+    with pytest.raises(InvalidArgumentError) as err:
+        speculative_generate(
+            model, [prompt], drafter, sizing=SizingPolicy(layout="ragged"), max_new_tokens=2
+        )
+    assert err.value.field == "sizing"
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -388,3 +388,48 @@ def test_underconfident_drafts_are_found_out():
     stats = policy.stats()
     assert stats["plain_steps"] < 0.2 * stats["steps"], stats
     assert rate > 1.5 / cpu_like(1)
+
+
+def test_per_request_correction_tells_requests_apart():
+    """Two requests with the same scores, one whose drafts are right 90% of the time and one
+    whose drafts are right 10%: the correction learns which is which, and a ragged policy
+    spends its nodes on the first."""
+    policy = SizingPolicy(
+        CostModel.from_measurements(
+            [{"tokens": t, "seconds": 1.0 + 0.1 * t} for t in range(1, 40)]
+        ),
+        layout="ragged",
+        learn_cost=False,
+        explore=False,
+    )
+    rng = np.random.default_rng(3)
+    tree = chain([0.6**k for k in range(1, 7)])
+    keys = ["good", "bad"]
+    for _ in range(30):
+        plan = policy.plan([tree, tree], [100, 100], max_nodes=6, requests=keys)
+        accepted = []
+        for cut, p in zip(plan.trees, (0.9, 0.1), strict=True):
+            hits = rng.random(len(cut)) < p
+            accepted.append(list(range(len(cut) if hits.all() else int(np.argmin(hits)))))
+        policy.observe(plan, accepted, None)
+    # The shared calibration is dominated by the good request (its deeper nodes are the ones
+    # reached), so the good one stays near 1 and the bad one is scaled down.
+    factors = policy.correction.factors(keys)
+    assert factors[0] > 0.95 and factors[1] < 0.5 and factors[0] > 2 * factors[1], factors
+    plan = policy.plan([tree, tree], [100, 100], max_nodes=6, requests=keys)
+    assert len(plan.trees[0]) > len(plan.trees[1])
+    policy.end("good")
+    assert policy.correction.factors(["good"])[0] == 1.0 and len(policy.correction) == 1
+
+
+def test_request_correction_is_bounded():
+    from lookahead_client.sizing import RequestCorrection
+
+    correction = RequestCorrection(max_requests=3)
+    for i in range(10):
+        correction.observe(i, 0.0, 5.0)
+    assert len(correction) == 3
+    assert correction.factors([0, 9]).tolist() == [1.0, pytest.approx(2 / 7)]
+    for kwargs in ({"prior_weight": 0}, {"forgetting": 0}, {"max_requests": 0}):
+        with pytest.raises(InvalidArgumentError):
+            RequestCorrection(**kwargs)

@@ -276,12 +276,15 @@ def _plan(
     result: GenerationResult,
     max_new_tokens: int,
     budget: int,
+    keys: list[str],
 ) -> SizingPlan:
     """The policy's cut of the step's trees: every query attends to the whole cache width,
     and a request can use no node deeper than the tokens it may still emit."""
     width = int(batch.valid.shape[1])
     remaining = [max_new_tokens - len(result.tokens[r]) for r in batch.rows]
-    return policy.plan(trees, [width] * len(trees), max_nodes=budget, remaining=remaining)
+    return policy.plan(
+        trees, [width] * len(trees), max_nodes=budget, remaining=remaining, requests=keys
+    )
 
 
 def speculative_generate(
@@ -362,7 +365,8 @@ def speculative_generate(
             ]
             plan = None
             if policy is not None:
-                plan = _plan(policy, trees, batch, result, max_new_tokens, budget)
+                keys = [request_ids[r] for r in batch.rows]
+                plan = _plan(policy, trees, batch, result, max_new_tokens, budget, keys)
                 trees, d = plan.trees, plan.num_slots
             else:
                 d = 1 + min(budget, max(len(t) for t in trees))
@@ -388,5 +392,8 @@ def speculative_generate(
                     for row, n in zip(verdict.accept_index.tolist(), lengths, strict=True)
                 ]
                 policy.observe(plan, accepted, policy.clock() - started)
+                for req in pending:
+                    if req.finished:
+                        policy.end(req.request_id)
         drafter.step(pending)  # tells the drafter the last tokens of the finished requests
     return result

@@ -28,7 +28,8 @@ slots, so the policy picks nodes across the batch by score.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,7 @@ from .cost import CostModel
 from .errors import InvalidArgumentError
 from .types import DraftTree
 
-__all__ = ["AcceptanceCalibration", "SizingPlan", "SizingPolicy", "LAYOUTS"]
+__all__ = ["AcceptanceCalibration", "RequestCorrection", "SizingPlan", "SizingPolicy", "LAYOUTS"]
 
 #: The values of ``SizingPolicy(layout=...)``.
 LAYOUTS = ("padded", "ragged")
@@ -170,6 +171,73 @@ class AcceptanceCalibration:
         }
 
 
+class RequestCorrection:
+    """How much better or worse each running request's drafts do than the calibration says.
+
+    Drafts are better for some requests than for others (a code edit copying its input, a
+    chat answer with nothing to copy) in ways the drafter's scores may miss. For each request
+    this keeps the acceptances of its nodes whose parent was accepted and the calibrated
+    conditionals they had, fading by ``forgetting`` per step, and scales the request's
+    conditionals by ``(accepted + w) / (expected + w)`` (``w = prior_weight``: a new request
+    starts at 1).
+
+    Args:
+        prior_weight: pseudo-nodes at factor 1.
+        forgetting: weight kept by a request's past at each of its steps.
+        max_requests: the most requests tracked; the least recently seen go first (an
+            engine that never calls :meth:`end` cannot make it grow without bound).
+
+    Raises:
+        InvalidArgumentError: a setting out of range.
+    """
+
+    def __init__(
+        self, *, prior_weight: float = 2.0, forgetting: float = 0.9, max_requests: int = 65536
+    ) -> None:
+        if not prior_weight > 0:
+            raise InvalidArgumentError(
+                f"prior_weight must be > 0, got {prior_weight}", field="prior_weight"
+            )
+        if not 0.0 < forgetting <= 1.0:
+            raise InvalidArgumentError(
+                f"forgetting must be in (0, 1], got {forgetting}", field="forgetting"
+            )
+        if max_requests < 1:
+            raise InvalidArgumentError(
+                f"max_requests must be >= 1, got {max_requests}", field="max_requests"
+            )
+        self.prior_weight = prior_weight
+        self.forgetting = forgetting
+        self.max_requests = max_requests
+        self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
+
+    def factors(self, keys: Sequence[Hashable]) -> np.ndarray:
+        """The factor of each request (1.0 for one not seen yet)."""
+        w = self.prior_weight
+        out = np.ones(len(keys))
+        for i, key in enumerate(keys):
+            counts = self._seen.get(key)
+            if counts is not None:
+                out[i] = (counts[0] + w) / (counts[1] + w)
+        return out
+
+    def observe(self, key: Hashable, accepted: float, expected: float) -> None:
+        """One step of one request: its reached nodes' acceptances and calibrated sum."""
+        counts = self._seen.pop(key, None) or [0.0, 0.0]
+        counts[0] = self.forgetting * counts[0] + accepted
+        counts[1] = self.forgetting * counts[1] + expected
+        self._seen[key] = counts
+        while len(self._seen) > self.max_requests:
+            self._seen.popitem(last=False)
+
+    def end(self, key: Hashable) -> None:
+        """Forgets a finished request."""
+        self._seen.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
 @dataclass(frozen=True)
 class SizingPlan:
     """One step's sizing decision.
@@ -200,6 +268,9 @@ class SizingPlan:
     _depths: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
     _probs: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     _parents: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
+    _conds: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    _owners: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int64))
+    _requests: tuple = ()
 
 
 def _climb(parent: np.ndarray, value: np.ndarray, combine) -> np.ndarray:
@@ -272,6 +343,8 @@ class SizingPolicy:
     Args:
         cost: the step-time model; a fresh one (learnt from this engine's steps) by default.
         calibration: the score calibration; a fresh one by default.
+        correction: the per-request correction (used when :meth:`plan` gets request keys);
+            a fresh one by default.
         layout: ``"padded"`` (one width for every request of a step) or ``"ragged"``.
         learn_cost: feed measured step times to ``cost`` (off for a fixed, profiled model).
         explore: try sizes the cost model has too few measurements of (``min_samples``).
@@ -288,6 +361,7 @@ class SizingPolicy:
         self,
         cost: CostModel | None = None,
         calibration: AcceptanceCalibration | None = None,
+        correction: RequestCorrection | None = None,
         *,
         layout: str = "padded",
         learn_cost: bool = True,
@@ -305,6 +379,7 @@ class SizingPolicy:
             )
         self.cost = cost if cost is not None else CostModel()
         self.calibration = calibration if calibration is not None else AcceptanceCalibration()
+        self.correction = correction if correction is not None else RequestCorrection()
         self.layout = layout
         self.learn_cost = learn_cost
         self.explore = explore
@@ -327,6 +402,7 @@ class SizingPolicy:
         *,
         max_nodes: int,
         remaining: Sequence[int] | None = None,
+        requests: Sequence[Hashable] | None = None,
     ) -> SizingPlan:
         """Cuts one step's trees.
 
@@ -336,22 +412,29 @@ class SizingPolicy:
                 a padded cache, the cache's width).
             max_nodes: the most nodes a tree may keep (the engine's budget).
             remaining: the tokens each request may still emit; deeper nodes are dropped.
+            requests: a key per request (its id), for the per-request correction; call
+                :meth:`end` when a request finishes. None: no per-request correction.
 
         Raises:
             InvalidArgumentError: ``cached`` or ``remaining`` of the wrong length, or a
                 negative ``max_nodes``.
         """
         bs = len(trees)
-        if len(cached) != bs or (remaining is not None and len(remaining) != bs):
+        if any(x is not None and len(x) != bs for x in (cached, remaining, requests)):
             raise InvalidArgumentError(
-                f"cached/remaining need one entry per tree ({bs})", field="cached"
+                f"cached/remaining/requests need one entry per tree ({bs})", field="cached"
             )
         if max_nodes < 0:
             raise InvalidArgumentError(
                 f"max_nodes must be >= 0, got {max_nodes}", field="max_nodes"
             )
         nodes = _StepNodes(trees)
-        nodes.path_products(self.calibration.conditional(nodes.ratio, nodes.depth))
+        conds = self.calibration.conditional(nodes.ratio, nodes.depth)
+        adjusted = conds
+        if requests is not None:
+            factor = self.correction.factors(requests)[nodes.owner]
+            adjusted = np.minimum(conds * factor, 1.0)
+        nodes.path_products(adjusted)
         if remaining is not None:
             room = np.asarray(remaining, dtype=np.int64)[nodes.owner] - 1
             nodes.prob[nodes.depth > room] = 0.0
@@ -385,6 +468,9 @@ class SizingPolicy:
             _depths=nodes.depth[kept],
             _probs=nodes.prob[kept],
             _parents=_kept_parents(nodes.parent, kept),
+            _conds=conds[kept],
+            _owners=nodes.owner[kept],
+            _requests=tuple(requests) if requests is not None else (),
         )
 
     def _choose(
@@ -461,6 +547,12 @@ class SizingPolicy:
             scores=float(plan._scores.sum()),
             expected=float(plan._probs.sum()),
         )
+        if plan._requests:
+            bs = len(plan.trees)
+            got = np.bincount(plan._owners[reached], hit[reached], minlength=bs)
+            want = np.bincount(plan._owners[reached], plan._conds[reached], minlength=bs)
+            for key, a, e in zip(plan._requests, got, want, strict=True):
+                self.correction.observe(key, float(a), float(e))
         if self.learn_cost and seconds is not None and seconds > 0:
             self.cost.observe(plan.tokens, seconds, context=plan.context, pairs=plan.pairs)
         self.steps += 1
@@ -470,6 +562,10 @@ class SizingPolicy:
         self.plain_steps += n == 0
         width = plan.num_slots if self.layout == "padded" else 1 + n // max(len(plan.trees), 1)
         self.width_histogram[width] = self.width_histogram.get(width, 0) + 1
+
+    def end(self, request: Hashable) -> None:
+        """A request finished: its per-request correction is dropped."""
+        self.correction.end(request)
 
     def stats(self) -> dict[str, float | int | dict[int, int]]:
         """Steps, plain steps, probes, draft nodes, widths, and realised vs expected
