@@ -276,11 +276,13 @@ def test_stop_token_and_plain_decoding():
     drafter = OracleTreeDrafter({tuple(prompt): full}, vocab)
     got = speculative_generate(model, [prompt], drafter, max_new_tokens=max_new, eos_token_id=stop)
     assert got.tokens == [want]
-    # Budget 0 is plain decoding: one forward pass per token.
+    # Budget 0 is plain decoding: one forward pass per token after the first.
     plain = speculative_generate(
         model, [prompt], PromptLookupDrafter(), max_new_tokens=max_new, budget=0, eos_token_id=[]
     )
-    assert plain.tokens == [full] and plain.forward_passes == max_new and plain.accepted == [0]
+    # (The first token comes from the prefill, as in generate.)
+    assert plain.tokens == [full] and plain.forward_passes == max_new - 1
+    assert plain.accepted == [0]
 
 
 def test_invalid_arguments():
@@ -362,20 +364,27 @@ def fixed_cost_policy(batch: int, slot_cost: float, max_slots: int = 16) -> Sizi
 
 
 def test_sampling_first_tokens_match_plain_sampling():
-    """Lossless sampling with the sizing policy on: the trees are cut to 3 of their 6 nodes
-    (both children of the root and the best grandchild) and the first two tokens still follow
-    the exact law of plain sampling. (Three new tokens: with two, no grandchild could add a
-    token and the policy would rightly drop them all.)"""
+    """Lossless sampling with the sizing policy on: the first token comes from the prefill,
+    the next ones from trees cut to 3 of their 6 nodes (both children of the root and the
+    best grandchild), and the first three tokens follow the exact law of plain sampling.
+    (Four new tokens: the first tree step may still emit three, so a grandchild can add one;
+    with fewer, the policy would rightly drop every grandchild.)"""
     vocab, n = 8, 20_000
     model = tiny_model("llama", vocab, seed=3)
     params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
     prompt = [3, 5, 7, 3, 5]
-    # Exact law of the first two tokens under plain sampling with the same warping.
+    # Exact law of the first three tokens under plain sampling with the same warping.
     with torch.inference_mode():
-        first = warp_logits(model(torch.tensor([prompt])).logits[0, -1], params).softmax(-1)
-        nexts = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
-        second = warp_logits(nexts, params).softmax(-1)
-    probs = (first[:, None] * second).reshape(-1).double().numpy()
+
+        def law(contexts):
+            logits = model(torch.tensor(contexts)).logits[:, -1]
+            return warp_logits(logits, params).softmax(-1).double()
+
+        first = law([prompt])[0]
+        second = law([prompt + [a] for a in range(vocab)])
+        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
+    probs = probs.reshape(-1).numpy()
     # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
     # 2.2/1.8: three nodes are best.
     policy = fixed_cost_policy(n, slot_cost=0.2)
@@ -383,16 +392,16 @@ def test_sampling_first_tokens_match_plain_sampling():
         model,
         [prompt] * n,
         ModelTreeDrafter(model, scores=(0.4, 0.3, 0.3, 0.1, 0.2, 0.1)),
-        max_new_tokens=3,
+        max_new_tokens=4,
         budget=6,
         sampling=params,
         eos_token_id=[],
         generator=torch.Generator().manual_seed(4),
         sizing=policy,
     )
-    codes = np.array([t[0] * vocab + t[1] for t in result.tokens])
-    assert_same_law(np.bincount(codes, minlength=vocab * vocab), probs)
-    # The first step verified the cut trees: 3 nodes each, 4 slots.
+    codes = np.array([(t[0] * vocab + t[1]) * vocab + t[2] for t in result.tokens])
+    assert_same_law(np.bincount(codes, minlength=vocab**3), probs)
+    # The first tree step verified the cut trees: 3 nodes each, 4 slots.
     assert policy.stats()["widths"].get(4, 0) >= 1
     assert result.draft_nodes >= 3 * n
     # Both paths were common: a child accepted at the root, or every child rejected (and a

@@ -2,7 +2,8 @@
 
 :func:`speculative_generate` runs the loop an engine runs:
 
-1. prefill every prompt but its last token (the last known token is always the tree's root,
+1. prefill every prompt; the logits after its last token give the first new token (as in
+   ``generate``), which becomes the first tree's root (the root is always the last known token,
    the one token of the context whose KV entry is not cached yet);
 2. per step, ask the drafter for one tree per request (:class:`~lookahead_client.types.Drafter`
    protocol), pack the trees (:mod:`lookahead_client.tree`) and run them in **one** forward
@@ -37,7 +38,7 @@ from .errors import InvalidArgumentError
 from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .tree import TreeTensors, build_tree_tensors
 from .types import Drafter, StepRequest
-from .verify import SamplingParams, VerifyResult, verify
+from .verify import SamplingParams, VerifyResult, sample_tokens, verify
 
 if TYPE_CHECKING:
     import torch
@@ -172,35 +173,41 @@ def _new_cache(model):
     return cache
 
 
-def _prefill(model, prompts: Sequence[Sequence[int]]) -> _Batch:
-    """Caches every prompt but its last token (right-padded; padding is masked out)."""
+def _prefill(model, prompts: Sequence[Sequence[int]]) -> tuple[_Batch, torch.Tensor]:
+    """Caches every prompt and returns the logits after each one's last token (``[n, V]``).
+
+    Prompts are left-padded (padding is masked out), so that every prompt ends in the last
+    column and the LM head runs on that column only, as ``generate``'s prefill does: the
+    first new token comes from the prefill, and the first tree hangs under it.
+    """
     import torch
 
     device = model.device
-    lengths = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.int64, device=device)
-    roots = torch.tensor([int(p[-1]) for p in prompts], dtype=torch.int64, device=device)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
     n, width = len(prompts), int(lengths.max())
     cache = _new_cache(model)
-    pos = torch.arange(width, device=device)
-    valid = pos[None, :] < lengths[:, None]
-    if width:
-        ids = torch.zeros((n, width), dtype=torch.int64, device=device)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p) - 1] = torch.as_tensor(list(p[:-1]), dtype=torch.int64)
-        causal = pos[None, :] <= pos[:, None]
+    slot = torch.arange(width, device=device)
+    start = width - lengths  # the first slot of each prompt
+    valid = slot[None, :] >= start[:, None]
+    ids = torch.zeros((n, width), dtype=torch.int64, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.int64)
+    mask = None  # prompts of one length: the model's own causal attention, as in generate
+    if not bool(valid.all()):
+        causal = slot[None, :] <= slot[:, None]
         # Padding queries see themselves only, so no softmax row is empty.
-        allowed = (causal[None] & valid[:, None, :]) | torch.eye(
-            width, dtype=torch.bool, device=device
-        )[None]
-        # The base model skips the LM head: prefill logits are not needed.
-        model.base_model(
-            input_ids=ids,
-            position_ids=pos.expand(n, width),
-            attention_mask=_additive_mask(allowed, model.dtype),
-            past_key_values=cache,
-            use_cache=True,
-        )
-    return _Batch(cache, valid, lengths, roots, list(range(n)))
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        mask = _additive_mask((causal[None] & valid[:, None, :]) | eye[None], model.dtype)
+    out = model(
+        input_ids=ids,
+        position_ids=(slot[None, :] - start[:, None]).clamp(min=0),
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    roots = torch.zeros(n, dtype=torch.int64, device=device)  # set from the first tokens
+    return _Batch(cache, valid, lengths, roots, list(range(n))), out.logits[:, -1]
 
 
 def _forward_tree(model, batch: _Batch, tree: TreeTensors) -> torch.Tensor:
@@ -208,12 +215,19 @@ def _forward_tree(model, batch: _Batch, tree: TreeTensors) -> torch.Tensor:
     import torch
 
     bs, d = tree.batch_size, tree.num_slots
-    prefix = batch.valid[:, None, :].expand(bs, d, batch.valid.shape[1])
-    allowed = torch.cat([prefix, tree.tree_mask.view(bs, d, d)], dim=2)
+    if d == 1 and bool(batch.valid.all()):
+        # A plain step over a cache without foreign slots needs no mask: the model's own
+        # attention then runs exactly as in ``generate`` (with a mask, SDPA layers copy the
+        # grouped KV heads, which makes a plain step ~10% slower on a CPU).
+        mask = None
+    else:
+        prefix = batch.valid[:, None, :].expand(bs, d, batch.valid.shape[1])
+        allowed = torch.cat([prefix, tree.tree_mask.view(bs, d, d)], dim=2)
+        mask = _additive_mask(allowed, model.dtype)
     out = model(
         input_ids=tree.draft_tokens.view(bs, d),
         position_ids=tree.positions.view(bs, d),
-        attention_mask=_additive_mask(allowed, model.dtype),
+        attention_mask=mask,
         past_key_values=batch.cache,
         use_cache=True,
     )
@@ -233,34 +247,43 @@ def _stop_tokens(model, eos_token_id: int | Sequence[int] | None) -> frozenset[i
 def _record(
     result: GenerationResult,
     rows: list[int],
-    lengths: list[int],
-    verdict: VerifyResult,
+    emitted: list[list[int]],
+    accepted: list[int],
     request_ids: Sequence[str],
     stops: frozenset[int],
     budget: int,
     max_new_tokens: int,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[StepRequest], list[int]]:
     """Appends each request's emitted tokens (cut at a stop token or the token limit).
+
+    Args:
+        accepted: the draft tokens each request accepted (-1 for the prefill's token,
+            which comes from no tree and is no step).
+        prompts: given for the prefill's tokens: the drafter's first step starts each
+            request with its prompt.
 
     Returns the drafter's next step requests and the batch positions still running.
     """
     pending, keep = [], []
-    for j, (row, emitted) in enumerate(zip(rows, verdict.tokens(), strict=True)):
+    for j, (row, tokens) in enumerate(zip(rows, emitted, strict=True)):
         out = result.tokens[row]
-        new = emitted[: max_new_tokens - len(out)]
+        new = tokens[: max_new_tokens - len(out)]
         stop_at = next((k for k, t in enumerate(new) if t in stops), None)
         if stop_at is not None:
             new = new[: stop_at + 1]
         out.extend(new)
-        result.accepted[row] += min(lengths[j], len(new))
-        result.steps[row] += 1
+        if accepted[j] >= 0:
+            result.accepted[row] += min(accepted[j], len(new))
+            result.steps[row] += 1
         done = stop_at is not None or len(out) >= max_new_tokens
         pending.append(
             StepRequest(
                 request_ids[row],
                 new_tokens=new,
                 budget=0 if done else budget,
-                accepted_last=lengths[j],
+                prompt=None if prompts is None else list(prompts[row]),
+                accepted_last=accepted[j],
                 finished=done,
             )
         )
@@ -353,11 +376,25 @@ def speculative_generate(
         return result
     stops = _stop_tokens(model, eos_token_id)
     policy = default_policy(model, drafter) if sizing is True else sizing or None
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     with torch.inference_mode():
-        batch = _prefill(model, prompts)
-        pending = [
-            StepRequest(request_ids[r], budget=budget, prompt=list(prompts[r])) for r in range(n)
-        ]
+        batch, first_logits = _prefill(model, prompts)
+        first = sample_tokens(first_logits, params, generator)
+        batch.roots = first
+        rows = batch.rows
+        pending, keep = _record(
+            result,
+            rows,
+            [[t] for t in first.tolist()],
+            [-1] * n,
+            request_ids,
+            stops,
+            budget,
+            max_new_tokens,
+            prompts,
+        )
+        if len(keep) < len(rows):
+            batch.select(keep)
         while batch.rows:
             started = policy.clock() if policy is not None else 0.0
             trees = [
@@ -381,15 +418,15 @@ def speculative_generate(
             lengths = verdict.accept_length.tolist()
             rows = batch.rows
             pending, keep = _record(
-                result, rows, lengths, verdict, request_ids, stops, budget, max_new_tokens
+                result, rows, verdict.tokens(), lengths, request_ids, stops, budget, max_new_tokens
             )
             if len(keep) < len(rows):
                 batch.select(keep)
             if plan is not None:
                 # Slot s of a tree holds node s - 1; the accepted slots follow the root.
                 accepted = [
-                    [s - 1 for s in row[1 : n + 1]]
-                    for row, n in zip(verdict.accept_index.tolist(), lengths, strict=True)
+                    [s - 1 for s in index[1 : k + 1]]
+                    for index, k in zip(verdict.accept_index.tolist(), lengths, strict=True)
                 ]
                 policy.observe(plan, accepted, policy.clock() - started)
                 for req in pending:
