@@ -195,11 +195,11 @@ def test_calibration_rejects_bad_settings():
 # -- decisions --------------------------------------------------------------------------------
 
 
-def policy_with(curve, sizes, **kwargs) -> SizingPolicy:
+def policy_with(curve, sizes, margin: float = 0.0, **kwargs) -> SizingPolicy:
+    """A policy with a fixed cost model fitted to ``curve`` (no margin: exact optima)."""
     rows = [{"tokens": t, "seconds": curve(t)} for t in sizes]
-    return SizingPolicy(
-        CostModel.from_measurements(rows), learn_cost=False, explore=False, **kwargs
-    )
+    cost = CostModel.from_measurements(rows)
+    return SizingPolicy(cost, learn_cost=False, explore=False, margin=margin, **kwargs)
 
 
 def rate_of(counts, trees, curve) -> float:
@@ -318,6 +318,17 @@ def test_plan_rejects_bad_arguments():
     assert err.value.field == "layout"
     with pytest.raises(InvalidArgumentError):
         SizingPolicy(min_samples=0)
+    with pytest.raises(InvalidArgumentError) as err:
+        SizingPolicy(margin=-0.1)
+    assert err.value.field == "margin"
+
+
+def test_drafts_must_beat_plain_by_the_margin():
+    # Expected 1.3 tokens for 1.2 seconds against 1 token for 1 second: 8% better.
+    tree = chain([0.3])
+    curve = {1: 1.0, 2: 1.2, 3: 1.4}.__getitem__
+    assert policy_with(curve, [1, 2, 3]).plan([tree], [0], max_nodes=1).num_slots == 2
+    assert policy_with(curve, [1, 2, 3], margin=0.1).plan([tree], [0], max_nodes=1).num_slots == 1
 
 
 # -- exploration and the feedback loop --------------------------------------------------------
@@ -394,14 +405,7 @@ def test_per_request_correction_tells_requests_apart():
     """Two requests with the same scores, one whose drafts are right 90% of the time and one
     whose drafts are right 10%: the correction learns which is which, and a ragged policy
     spends its nodes on the first."""
-    policy = SizingPolicy(
-        CostModel.from_measurements(
-            [{"tokens": t, "seconds": 1.0 + 0.1 * t} for t in range(1, 40)]
-        ),
-        layout="ragged",
-        learn_cost=False,
-        explore=False,
-    )
+    policy = policy_with(lambda t: 1.0 + 0.1 * t, range(1, 40), layout="ragged")
     rng = np.random.default_rng(3)
     tree = chain([0.6**k for k in range(1, 7)])
     keys = ["good", "bad"]

@@ -348,6 +348,9 @@ class SizingPolicy:
         layout: ``"padded"`` (one width for every request of a step) or ``"ragged"``.
         learn_cost: feed measured step times to ``cost`` (off for a fixed, profiled model).
         explore: try sizes the cost model has too few measurements of (``min_samples``).
+        margin: how much faster than plain decoding (0.1: 10%) a step with drafts must be
+            predicted to be to be chosen. The predictions are noisy, and choosing the best of
+            noisy estimates favours the over-estimated ones; plain decoding is the safe side.
         min_samples: the weight of recent measurements (about their number) below which a
             size is measured again; a size that is never chosen is re-measured when its old
             measurements have faded below it.
@@ -366,6 +369,7 @@ class SizingPolicy:
         layout: str = "padded",
         learn_cost: bool = True,
         explore: bool = True,
+        margin: float = 0.1,
         min_samples: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -373,6 +377,8 @@ class SizingPolicy:
             raise InvalidArgumentError(
                 f"layout must be one of {LAYOUTS}, got {layout!r}", field="layout"
             )
+        if not margin >= 0:
+            raise InvalidArgumentError(f"margin must be >= 0, got {margin}", field="margin")
         if not min_samples > 0:
             raise InvalidArgumentError(
                 f"min_samples must be > 0, got {min_samples}", field="min_samples"
@@ -384,6 +390,7 @@ class SizingPolicy:
         self.learn_cost = learn_cost
         self.explore = explore
         self.min_samples = min_samples
+        self.margin = margin
         self.clock = clock
         self.steps = 0
         self.plain_steps = 0
@@ -486,6 +493,9 @@ class SizingPolicy:
         seconds = self.cost.predict(tokens, ctx_sum, pairs)
         rate = expected / np.maximum(seconds, 1e-12)
         best = int(np.argmax(rate))  # the first (smallest) of equal rates
+        # Candidate 0 is plain decoding: drafts must beat it by the margin.
+        if rate[best] < (1.0 + self.margin) * rate[0]:
+            best = 0
         return best, float(seconds[best]), False
 
     def _padded(self, nodes: _StepNodes, rank: np.ndarray, usable: np.ndarray, ctx: np.ndarray):
@@ -529,13 +539,14 @@ class SizingPolicy:
 
         Args:
             plan: the step's plan.
-            accepted: for each request, the indices (in its cut tree) of the accepted nodes.
+            accepted: for each request, the indices (in its cut tree) of the accepted nodes;
+                others (a padding slot whose token happened to be right) are ignored.
             seconds: the measured step time (None: not measured, the cost model is not fed).
         """
         flags = []
         for tree, acc in zip(plan.trees, accepted, strict=True):
             f = np.zeros(len(tree), dtype=bool)
-            f[list(acc)] = True
+            f[[i for i in acc if 0 <= i < len(tree)]] = True
             flags.append(f)
         hit = np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
         reached = np.where(plan._parents >= 0, hit[np.maximum(plan._parents, 0)], True)
