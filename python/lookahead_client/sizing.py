@@ -14,10 +14,12 @@ node, which a parent always is).
 
 The drafter's scores are not taken at their word: :class:`AcceptanceCalibration` compares
 them with what verification accepts (each node's acceptance given its parent's, per band of
-the drafter's figure and depth), and the policy uses the calibrated probabilities. With
-``learn_cost`` the cost model learns from the measured step times, and a size not measured
-recently is tried now and then (``explore``) so that the model knows every size it chooses
-among.
+the drafter's figure and depth), and :class:`RequestCorrection` scales each running
+request's probabilities by how its own drafts fared; the policy uses the corrected figures,
+and verifies drafts only when they are predicted to beat plain decoding by a ``margin``.
+With ``learn_cost`` the cost model learns from the measured step times, and a size not
+measured recently is tried now and then (``explore``) so that the model knows every size it
+chooses among.
 
 Two layouts: ``padded`` engines verify every request with the same number of slots (a
 ``[batch, slots]`` forward pass, as :mod:`lookahead_client.hf` and SGLang do), so the policy
