@@ -306,8 +306,13 @@ class _StepNodes:
         self.prob = np.zeros(len(starts))
 
     def path_products(self, conditional: np.ndarray) -> None:
-        """Sets ``prob`` to the product of the conditionals along each node's path."""
-        self.prob = _climb(self.parent, conditional, np.multiply)
+        """Sets ``prob`` to the product of the conditionals along each node's path.
+
+        Pointer jumping groups the factors differently for a node and its parent, so a
+        child could come out an ulp above its parent; the minimum over the path (exact)
+        restores the order that keeps a cut connected."""
+        product = _climb(self.parent, conditional, np.multiply)
+        self.prob = _climb(self.parent, product, np.minimum)
 
     def ranks(self) -> np.ndarray:
         """Each node's rank within its tree, best probability first (ties: tree order)."""
