@@ -424,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         default=270.0,
         help="seconds; later measurements are skipped once spent",
     )
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--out-dir", default=".", help="where cost_curve.json/.png go")
     parser.add_argument(
         "--dry-run",
@@ -447,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU (use --device cpu or --dry-run)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     if args.device.startswith("cuda"):
