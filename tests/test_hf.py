@@ -19,9 +19,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from lookahead_client.cost import CostModel
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.hf import speculative_generate
 from lookahead_client.prompt_lookup import PromptLookupDrafter
+from lookahead_client.sizing import SizingPolicy
 from lookahead_client.types import DraftTree, StepRequest
 from lookahead_client.verify import SamplingParams, warp_logits
 from test_verify import assert_same_law
@@ -124,16 +126,19 @@ class OracleTreeDrafter:
         truth = future[: rng.randrange(0, 8)]
         if truth and rng.random() < 0.3:
             truth[rng.randrange(len(truth))] = rng.randrange(self._vocab)
-        tokens, parents = [], []
-        chain_parent = -1
+        tokens, parents, scores = [], [], []
+        chain_parent, above = -1, 1.0
         for depth, tok in enumerate(truth):  # BFS: each level is [true node, decoy(s)]
             level = [tok, rng.randrange(self._vocab)] + ([tok] if depth == 0 else [])
-            for t in level:
+            # Scores: 0.85 per level along the true branch, decoys far below, the twin as
+            # likely as the node it copies (the drafter cannot tell them apart).
+            for t, score in zip(level, (0.85 * above, 0.3 * above, 0.85 * above), strict=False):
                 tokens.append(t)
                 parents.append(chain_parent)
-            chain_parent = len(tokens) - len(level)
+                scores.append(score)
+            chain_parent, above = len(tokens) - len(level), 0.85 * above
         n = min(budget, len(tokens))
-        return DraftTree(context[-1], tuple(tokens[:n]), tuple(parents[:n]), (1.0,) * n)
+        return DraftTree(context[-1], tuple(tokens[:n]), tuple(parents[:n]), tuple(scores[:n]))
 
     def end(self, request_id: str) -> None:
         self._requests.pop(request_id)
@@ -165,6 +170,88 @@ def test_greedy_equals_generate_batched_with_tree_drafts(arch):
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_equals_generate_with_trees_cut_by_the_policy(arch):
+    """A policy whose cost model makes each extra slot cost 15% of a step: it verifies the
+    best few nodes of each tree (and sometimes none), and the output is still ``generate``'s."""
+    vocab, max_new = 96, 20
+    model = tiny_model(arch, vocab, seed=5)
+    prompts = make_prompts(13, vocab, count=12)
+    expected = [reference(model, p, max_new, eos=2) for p in prompts]
+    drafter = OracleTreeDrafter(
+        {tuple(p): e for p, e in zip(prompts, expected, strict=True)}, vocab
+    )
+    policy = fixed_cost_policy(len(prompts), slot_cost=0.15)
+    result = speculative_generate(
+        model, prompts, drafter, max_new_tokens=max_new, budget=12, eos_token_id=2, sizing=policy
+    )
+    assert result.tokens == expected
+    widths = policy.stats()["widths"]
+    # Cut trees: neither always whole (13 slots) nor always plain.
+    assert max(widths) < 13 and any(w > 1 for w in widths), widths
+    assert sum(result.accepted) > 0
+
+
+def test_overconfident_garbage_drafts_are_turned_off():
+    """Random chains scored 0.95: the calibration sees them rejected and the policy decodes
+    plainly; the output is ``generate``'s either way."""
+    vocab, max_new = 96, 40
+    model = tiny_model("llama", vocab, seed=6)
+    prompts = make_prompts(14, vocab, count=4)
+
+    class Garbage(OracleTreeDrafter):
+        def _tree(self, context, future, budget):
+            rng = random.Random(len(context))
+            n = min(budget, 8)
+            return DraftTree(
+                context[-1],
+                tuple(rng.randrange(3, vocab) for _ in range(n)),
+                tuple(range(-1, n - 1)),
+                tuple(0.95 ** (k + 1) for k in range(n)),
+            )
+
+    drafter = Garbage({tuple(p): [] for p in prompts}, vocab)
+    policy = fixed_cost_policy(1, slot_cost=0.15)
+    plain_passes = passes = 0
+    for prompt in prompts:
+        result = speculative_generate(
+            model, [prompt], drafter, max_new_tokens=max_new, eos_token_id=[], sizing=policy
+        )
+        assert result.tokens[0] == reference(model, prompt, max_new, eos=[])
+        plain_passes += result.plain_passes
+        passes += result.forward_passes
+    assert plain_passes > 0.8 * passes, (plain_passes, passes)
+    stats = policy.stats()
+    assert stats["accepted"] < 0.2 * stats["expected_raw"]
+
+
+def test_whole_trees_without_sizing():
+    vocab = 96
+    model = tiny_model("llama", vocab, seed=7)
+    prompt = make_prompts(15, vocab)[5]
+    full = reference(model, prompt, 16, eos=[])
+    sizes: list[int] = []
+
+    class Counted(OracleTreeDrafter):
+        def _tree(self, context, future, budget):
+            tree = super()._tree(context, future, budget)
+            sizes.append(len(tree))
+            return tree
+
+    drafter = Counted({tuple(prompt): full}, vocab)
+    result = speculative_generate(
+        model, [prompt], drafter, max_new_tokens=16, budget=4, eos_token_id=[], sizing=False
+    )
+    assert result.tokens == [full]
+    # Whole trees up to the budget, every step.
+    assert result.draft_nodes == sum(min(n, 4) for n in sizes) > 0
+    with pytest.raises(InvalidArgumentError) as err:
+        speculative_generate(
+            model, [prompt], drafter, sizing=SizingPolicy(layout="ragged"), max_new_tokens=2
+        )
+    assert err.value.field == "sizing"
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_greedy_equals_generate_one_by_one_with_prompt_lookup(arch):
     vocab, max_new = 96, 24
     model = tiny_model(arch, vocab, seed=1)
@@ -189,11 +276,13 @@ def test_stop_token_and_plain_decoding():
     drafter = OracleTreeDrafter({tuple(prompt): full}, vocab)
     got = speculative_generate(model, [prompt], drafter, max_new_tokens=max_new, eos_token_id=stop)
     assert got.tokens == [want]
-    # Budget 0 is plain decoding: one forward pass per token.
+    # Budget 0 is plain decoding: one forward pass per token after the first.
     plain = speculative_generate(
         model, [prompt], PromptLookupDrafter(), max_new_tokens=max_new, budget=0, eos_token_id=[]
     )
-    assert plain.tokens == [full] and plain.forward_passes == max_new and plain.accepted == [0]
+    # (The first token comes from the prefill, as in generate.)
+    assert plain.tokens == [full] and plain.forward_passes == max_new - 1
+    assert plain.accepted == [0]
 
 
 def test_invalid_arguments():
@@ -219,10 +308,11 @@ def test_invalid_arguments():
 class ModelTreeDrafter:
     """Drafts with the target model itself (a deterministic function of the context): the
     second and third likeliest next tokens (so the root often rejects every child), and the
-    two likeliest tokens after each of them."""
+    two likeliest tokens after each of them, with the given node scores."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, scores: Sequence[float] = (1.0,) * 6) -> None:
         self._model = model
+        self._scores = tuple(scores)
         self._contexts: dict[str, list[int]] = {}
         self._trees: dict[tuple[int, ...], DraftTree] = {}
 
@@ -240,7 +330,7 @@ class ModelTreeDrafter:
             first = self._top([context], 3)[0][1:]
             second = self._top([context + [t] for t in first], 2)
             tokens = tuple(first + second[0] + second[1])
-            self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), (1.0,) * 6)
+            self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), self._scores)
         return self._trees[key]
 
     def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
@@ -264,34 +354,62 @@ class ModelTreeDrafter:
         return {"active_requests": len(self._contexts)}
 
 
+def fixed_cost_policy(batch: int, slot_cost: float, max_slots: int = 16) -> SizingPolicy:
+    """A sizing policy with a fixed cost model: a step of ``batch`` requests with ``d`` slots
+    each takes ``1 + slot_cost * (d - 1)`` seconds (no timing, no exploration)."""
+    rows = [
+        {"tokens": batch * d, "seconds": 1.0 + slot_cost * (d - 1)} for d in range(1, max_slots)
+    ]
+    return SizingPolicy(CostModel.from_measurements(rows), learn_cost=False, explore=False)
+
+
 def test_sampling_first_tokens_match_plain_sampling():
+    """Lossless sampling with the sizing policy on: the first token comes from the prefill,
+    the next ones from trees cut to 3 of their 6 nodes (both children of the root and the
+    best grandchild), and the first three tokens follow the exact law of plain sampling.
+    (Four new tokens: the first tree step may still emit three, so a grandchild can add one;
+    with fewer, the policy would rightly drop every grandchild.)"""
     vocab, n = 8, 20_000
     model = tiny_model("llama", vocab, seed=3)
     params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
     prompt = [3, 5, 7, 3, 5]
-    # Exact law of the first two tokens under plain sampling with the same warping.
+    # Exact law of the first three tokens under plain sampling with the same warping.
     with torch.inference_mode():
-        first = warp_logits(model(torch.tensor([prompt])).logits[0, -1], params).softmax(-1)
-        nexts = model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1]
-        second = warp_logits(nexts, params).softmax(-1)
-    probs = (first[:, None] * second).reshape(-1).double().numpy()
+
+        def law(contexts):
+            logits = model(torch.tensor(contexts)).logits[:, -1]
+            return warp_logits(logits, params).softmax(-1).double()
+
+        first = law([prompt])[0]
+        second = law([prompt + [a] for a in range(vocab)])
+        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
+    probs = probs.reshape(-1).numpy()
+    # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
+    # 2.2/1.8: three nodes are best.
+    policy = fixed_cost_policy(n, slot_cost=0.2)
     result = speculative_generate(
         model,
         [prompt] * n,
-        ModelTreeDrafter(model),
-        max_new_tokens=2,
+        ModelTreeDrafter(model, scores=(0.4, 0.3, 0.3, 0.1, 0.2, 0.1)),
+        max_new_tokens=4,
         budget=6,
         sampling=params,
         eos_token_id=[],
         generator=torch.Generator().manual_seed(4),
+        sizing=policy,
     )
-    codes = np.array([a * vocab + b for a, b in result.tokens])
-    assert_same_law(np.bincount(codes, minlength=vocab * vocab), probs)
+    codes = np.array([(t[0] * vocab + t[1]) * vocab + t[2] for t in result.tokens])
+    assert_same_law(np.bincount(codes, minlength=vocab**3), probs)
+    # The first tree step verified the cut trees: 3 nodes each, 4 slots.
+    assert policy.stats()["widths"].get(4, 0) >= 1
+    assert result.draft_nodes >= 3 * n
     # Both paths were common: a child accepted at the root, or every child rejected (and a
-    # second step needed).
+    # second step needed). (Once the calibration has seen the first step's low acceptance, the
+    # policy may decode the later steps plainly.)
     accepted_first = sum(a > 0 for a in result.accepted)
-    assert 0.2 * n < accepted_first < 0.8 * n, accepted_first
-    assert result.forward_passes == 2
+    assert 0.1 * n < accepted_first < 0.9 * n, accepted_first
+    assert result.forward_passes <= 3
 
 
 def test_smollm2_greedy_equals_generate():

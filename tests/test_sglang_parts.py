@@ -29,18 +29,21 @@ def test_book_starts_with_the_prompt_then_sends_only_new_tokens_with_feedback():
     assert list(start.prompt) == [1, 2, 3, 4] and list(start.new_tokens) == [5, 6]
     assert start.budget == 7 and start.accepted_last == -1
     book.commit(plan, frozenset())
-    book.fed(plan, 0, depth=3)
+    book.fed(plan, 0, depth=3, expected=2.5)
 
     output += [6, 7, 8]  # committed since, plus two spliced tokens
     plan = book.plan([RequestView("a", [1, 2, 3, 4], output, [9, 10])])
     (step,) = plan.requests
     assert step.request_id == start.request_id and step.prompt is None
     assert list(step.new_tokens) == [7, 8, 9, 10] and step.accepted_last == 3
+    # Realised against expected acceptance, over the trees whose outcome is known.
+    assert (book.accepted_drafts, book.expected_drafts) == (3, 2.5)
     book.commit(plan, frozenset())
     # Not fed last step (a fallback): no feedback.
     book.fed(plan, 0, depth=-1)
     plan = book.plan([RequestView("a", [1, 2, 3, 4], output + [9, 10, 11])])
     assert plan.requests[0].accepted_last == -1
+    assert (book.accepted_drafts, book.expected_drafts) == (3, 2.5)
 
 
 def test_book_feedback_is_unknown_when_more_was_appended_than_the_tree_held():

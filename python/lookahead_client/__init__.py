@@ -3,13 +3,24 @@
 The embedded drafter (:class:`EmbeddedDrafter`) runs in-process; :class:`RemoteDrafter` talks
 to a ``lookahead-server`` over gRPC. Both follow the :class:`Drafter` protocol and return
 :class:`DraftTree` objects.
+
+The drafters are imported when first used, so that the pure-Python parts (tree tensors,
+verification, the cost model and sizing policy) can be imported where the native extension
+or gRPC is not installed (``scripts/gpu_cost_curve.py`` on a bare GPU machine).
 """
 
-from lookahead_client.aio import AsyncRemoteDrafter
-from lookahead_client.embedded import EmbeddedDrafter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from lookahead_client.errors import LookaheadError
-from lookahead_client.remote import RemoteDrafter
 from lookahead_client.types import Drafter, DraftTree, StepRequest
+
+if TYPE_CHECKING:
+    from lookahead_client.aio import AsyncRemoteDrafter
+    from lookahead_client.embedded import EmbeddedDrafter
+    from lookahead_client.remote import RemoteDrafter
 
 __all__ = [
     "AsyncRemoteDrafter",
@@ -21,3 +32,18 @@ __all__ = [
     "StepRequest",
 ]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "AsyncRemoteDrafter": "lookahead_client.aio",
+    "EmbeddedDrafter": "lookahead_client.embedded",
+    "RemoteDrafter": "lookahead_client.remote",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lookahead_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

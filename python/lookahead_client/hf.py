@@ -2,13 +2,20 @@
 
 :func:`speculative_generate` runs the loop an engine runs:
 
-1. prefill every prompt but its last token (the last known token is always the tree's root,
+1. prefill every prompt; the logits after its last token give the first new token (as in
+   ``generate``), which becomes the first tree's root (the root is always the last known token,
    the one token of the context whose KV entry is not cached yet);
 2. per step, ask the drafter for one tree per request (:class:`~lookahead_client.types.Drafter`
    protocol), pack the trees (:mod:`lookahead_client.tree`) and run them in **one** forward
    pass over the KV cache, with a 4D tree attention mask and tree position ids;
 3. verify (:mod:`lookahead_client.verify`, greedy or lossless sampling), keep only the KV
    entries of the root and the accepted nodes, and tell the drafter the emitted tokens.
+
+By default each step's trees are first cut by a :class:`~lookahead_client.sizing.SizingPolicy`
+to the width that maximises expected tokens per second, down to plain decoding when drafts
+do not pay for their verification (``sizing=False`` verifies whole trees up to ``budget``).
+The default policy learns this model's step times and this drafter's realised acceptance
+from the steps themselves, and keeps them for later calls with the same model and drafter.
 
 Requests of a batch advance by different amounts, so the KV cache is a common array of slots
 with a per-request validity mask: a request's slots that another request needed hold garbage
@@ -21,21 +28,48 @@ float mask, shape ``[bs, 1, q, kv]``) and ``DynamicCache.layers[i].keys/values``
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .cost import CostModel
 from .errors import InvalidArgumentError
+from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .tree import TreeTensors, build_tree_tensors
 from .types import Drafter, StepRequest
-from .verify import SamplingParams, VerifyResult, verify
+from .verify import SamplingParams, VerifyResult, sample_tokens, verify
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GenerationResult", "speculative_generate"]
+__all__ = ["GenerationResult", "default_policy", "speculative_generate"]
 
 _request_counter = itertools.count()
+
+# What the default sizing policy has learnt: step times per model, acceptance per drafter.
+_model_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_drafter_calibrations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remembered(store: weakref.WeakKeyDictionary, key: object, make):
+    try:
+        value = store.get(key)
+        if value is None:
+            value = store[key] = make()
+        return value
+    except TypeError:  # not weakly referenceable: nothing is kept between calls
+        return make()
+
+
+def default_policy(model, drafter: Drafter) -> SizingPolicy:
+    """The sizing policy ``speculative_generate`` uses by default for ``model`` and ``drafter``:
+    padded layout, a cost model of ``model``'s steps and a calibration of ``drafter``'s scores,
+    both learnt online and kept (weakly referenced) for later calls with the same objects."""
+    return SizingPolicy(
+        _remembered(_model_costs, model, CostModel),
+        _remembered(_drafter_calibrations, drafter, AcceptanceCalibration),
+    )
 
 
 @dataclass
@@ -48,6 +82,7 @@ class GenerationResult:
         steps: the verification forward passes each prompt took part in.
         forward_passes: model calls of the decode loop (the prefill excluded).
         draft_nodes: draft nodes verified, over all prompts and steps.
+        plain_passes: forward passes that verified no draft node (plain decoding steps).
     """
 
     tokens: list[list[int]]
@@ -55,6 +90,7 @@ class GenerationResult:
     steps: list[int]
     forward_passes: int = 0
     draft_nodes: int = 0
+    plain_passes: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -137,35 +173,41 @@ def _new_cache(model):
     return cache
 
 
-def _prefill(model, prompts: Sequence[Sequence[int]]) -> _Batch:
-    """Caches every prompt but its last token (right-padded; padding is masked out)."""
+def _prefill(model, prompts: Sequence[Sequence[int]]) -> tuple[_Batch, torch.Tensor]:
+    """Caches every prompt and returns the logits after each one's last token (``[n, V]``).
+
+    Prompts are left-padded (padding is masked out), so that every prompt ends in the last
+    column and the LM head runs on that column only, as ``generate``'s prefill does: the
+    first new token comes from the prefill, and the first tree hangs under it.
+    """
     import torch
 
     device = model.device
-    lengths = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.int64, device=device)
-    roots = torch.tensor([int(p[-1]) for p in prompts], dtype=torch.int64, device=device)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
     n, width = len(prompts), int(lengths.max())
     cache = _new_cache(model)
-    pos = torch.arange(width, device=device)
-    valid = pos[None, :] < lengths[:, None]
-    if width:
-        ids = torch.zeros((n, width), dtype=torch.int64, device=device)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p) - 1] = torch.as_tensor(list(p[:-1]), dtype=torch.int64)
-        causal = pos[None, :] <= pos[:, None]
+    slot = torch.arange(width, device=device)
+    start = width - lengths  # the first slot of each prompt
+    valid = slot[None, :] >= start[:, None]
+    ids = torch.zeros((n, width), dtype=torch.int64, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.int64)
+    mask = None  # prompts of one length: the model's own causal attention, as in generate
+    if not bool(valid.all()):
+        causal = slot[None, :] <= slot[:, None]
         # Padding queries see themselves only, so no softmax row is empty.
-        allowed = (causal[None] & valid[:, None, :]) | torch.eye(
-            width, dtype=torch.bool, device=device
-        )[None]
-        # The base model skips the LM head: prefill logits are not needed.
-        model.base_model(
-            input_ids=ids,
-            position_ids=pos.expand(n, width),
-            attention_mask=_additive_mask(allowed, model.dtype),
-            past_key_values=cache,
-            use_cache=True,
-        )
-    return _Batch(cache, valid, lengths, roots, list(range(n)))
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        mask = _additive_mask((causal[None] & valid[:, None, :]) | eye[None], model.dtype)
+    out = model(
+        input_ids=ids,
+        position_ids=(slot[None, :] - start[:, None]).clamp(min=0),
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    roots = torch.zeros(n, dtype=torch.int64, device=device)  # set from the first tokens
+    return _Batch(cache, valid, lengths, roots, list(range(n))), out.logits[:, -1]
 
 
 def _forward_tree(model, batch: _Batch, tree: TreeTensors) -> torch.Tensor:
@@ -173,12 +215,19 @@ def _forward_tree(model, batch: _Batch, tree: TreeTensors) -> torch.Tensor:
     import torch
 
     bs, d = tree.batch_size, tree.num_slots
-    prefix = batch.valid[:, None, :].expand(bs, d, batch.valid.shape[1])
-    allowed = torch.cat([prefix, tree.tree_mask.view(bs, d, d)], dim=2)
+    if d == 1 and bool(batch.valid.all()):
+        # A plain step over a cache without foreign slots needs no mask: the model's own
+        # attention then runs exactly as in ``generate`` (with a mask, SDPA layers copy the
+        # grouped KV heads, which makes a plain step ~10% slower on a CPU).
+        mask = None
+    else:
+        prefix = batch.valid[:, None, :].expand(bs, d, batch.valid.shape[1])
+        allowed = torch.cat([prefix, tree.tree_mask.view(bs, d, d)], dim=2)
+        mask = _additive_mask(allowed, model.dtype)
     out = model(
         input_ids=tree.draft_tokens.view(bs, d),
         position_ids=tree.positions.view(bs, d),
-        attention_mask=_additive_mask(allowed, model.dtype),
+        attention_mask=mask,
         past_key_values=batch.cache,
         use_cache=True,
     )
@@ -198,40 +247,67 @@ def _stop_tokens(model, eos_token_id: int | Sequence[int] | None) -> frozenset[i
 def _record(
     result: GenerationResult,
     rows: list[int],
-    verdict: VerifyResult,
+    emitted: list[list[int]],
+    accepted: list[int],
     request_ids: Sequence[str],
     stops: frozenset[int],
     budget: int,
     max_new_tokens: int,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[StepRequest], list[int]]:
     """Appends each request's emitted tokens (cut at a stop token or the token limit).
+
+    Args:
+        accepted: the draft tokens each request accepted (-1 for the prefill's token,
+            which comes from no tree and is no step).
+        prompts: given for the prefill's tokens: the drafter's first step starts each
+            request with its prompt.
 
     Returns the drafter's next step requests and the batch positions still running.
     """
     pending, keep = [], []
-    lengths = verdict.accept_length.tolist()
-    for j, (row, emitted) in enumerate(zip(rows, verdict.tokens(), strict=True)):
+    for j, (row, tokens) in enumerate(zip(rows, emitted, strict=True)):
         out = result.tokens[row]
-        new = emitted[: max_new_tokens - len(out)]
+        new = tokens[: max_new_tokens - len(out)]
         stop_at = next((k for k, t in enumerate(new) if t in stops), None)
         if stop_at is not None:
             new = new[: stop_at + 1]
         out.extend(new)
-        result.accepted[row] += min(lengths[j], len(new))
-        result.steps[row] += 1
+        if accepted[j] >= 0:
+            result.accepted[row] += min(accepted[j], len(new))
+            result.steps[row] += 1
         done = stop_at is not None or len(out) >= max_new_tokens
         pending.append(
             StepRequest(
                 request_ids[row],
                 new_tokens=new,
                 budget=0 if done else budget,
-                accepted_last=lengths[j],
+                prompt=None if prompts is None else list(prompts[row]),
+                accepted_last=accepted[j],
                 finished=done,
             )
         )
         if not done:
             keep.append(j)
     return pending, keep
+
+
+def _plan(
+    policy: SizingPolicy,
+    trees: list,
+    batch: _Batch,
+    result: GenerationResult,
+    max_new_tokens: int,
+    budget: int,
+    keys: list[str],
+) -> SizingPlan:
+    """The policy's cut of the step's trees: every query attends to the whole cache width,
+    and a request can use no node deeper than the tokens it may still emit."""
+    width = int(batch.valid.shape[1])
+    remaining = [max_new_tokens - len(result.tokens[r]) for r in batch.rows]
+    return policy.plan(
+        trees, [width] * len(trees), max_nodes=budget, remaining=remaining, requests=keys
+    )
 
 
 def speculative_generate(
@@ -245,6 +321,7 @@ def speculative_generate(
     eos_token_id: int | Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     request_ids: Sequence[str] | None = None,
+    sizing: SizingPolicy | bool = True,
 ) -> GenerationResult:
     """Generates from ``prompts`` with draft trees verified in one forward pass per step.
 
@@ -259,10 +336,13 @@ def speculative_generate(
             ``step`` with their prompt and end through ``step`` with ``finished=True``.
         max_new_tokens: tokens to generate per prompt at most.
         budget: draft nodes per tree at most (the root excluded); 0 decodes plainly.
+            With sizing, the policy verifies fewer when more would not pay.
         sampling: None or temperature 0 for greedy, else the sampling parameters.
         eos_token_id: stop token(s); None takes the model's generation config, ``[]`` none.
         generator: random generator for sampling (on the model's device).
         request_ids: drafter request ids, one per prompt; unique ones by default.
+        sizing: True for :func:`default_policy`, a :class:`SizingPolicy` (padded layout) to
+            use that one, False to verify whole trees (up to ``budget`` nodes) every step.
 
     Raises:
         InvalidArgumentError: an empty prompt, a negative budget or token count, ids of the
@@ -274,6 +354,12 @@ def speculative_generate(
         raise InvalidArgumentError("every prompt needs at least one token", field="prompts")
     if budget < 0:
         raise InvalidArgumentError(f"budget must be >= 0, got {budget}", field="budget")
+    if isinstance(sizing, SizingPolicy) and sizing.layout != "padded":
+        raise InvalidArgumentError(
+            "speculative_generate pads every tree to the step's width: it needs a "
+            f"'padded' sizing policy, got {sizing.layout!r}",
+            field="sizing",
+        )
     if max_new_tokens < 0:
         raise InvalidArgumentError(
             f"max_new_tokens must be >= 0, got {max_new_tokens}", field="max_new_tokens"
@@ -289,26 +375,62 @@ def speculative_generate(
     if n == 0 or max_new_tokens == 0:
         return result
     stops = _stop_tokens(model, eos_token_id)
+    policy = default_policy(model, drafter) if sizing is True else sizing or None
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     with torch.inference_mode():
-        batch = _prefill(model, prompts)
-        pending = [
-            StepRequest(request_ids[r], budget=budget, prompt=list(prompts[r])) for r in range(n)
-        ]
+        batch, first_logits = _prefill(model, prompts)
+        first = sample_tokens(first_logits, params, generator)
+        batch.roots = first
+        rows = batch.rows
+        pending, keep = _record(
+            result,
+            rows,
+            [[t] for t in first.tolist()],
+            [-1] * n,
+            request_ids,
+            stops,
+            budget,
+            max_new_tokens,
+            prompts,
+        )
+        if len(keep) < len(rows):
+            batch.select(keep)
         while batch.rows:
+            started = policy.clock() if policy is not None else 0.0
             trees = [
                 t for t, req in zip(drafter.step(pending), pending, strict=True) if not req.finished
             ]
-            result.draft_nodes += sum(min(len(t), budget) for t in trees)
-            d = 1 + min(budget, max(len(t) for t in trees))
+            plan = None
+            if policy is not None:
+                keys = [request_ids[r] for r in batch.rows]
+                plan = _plan(policy, trees, batch, result, max_new_tokens, budget, keys)
+                trees, d = plan.trees, plan.num_slots
+            else:
+                d = 1 + min(budget, max(len(t) for t in trees))
+            nodes = sum(min(len(t), d - 1) for t in trees)
+            result.draft_nodes += nodes
+            result.plain_passes += nodes == 0
             tree = build_tree_tensors(trees, d, batch.lengths, batch.roots.tolist(), model.device)
             logits = _forward_tree(model, batch, tree)
             result.forward_passes += 1
             verdict = verify(tree, logits, sampling, generator)
             batch.keep_accepted(verdict)
+            lengths = verdict.accept_length.tolist()
+            rows = batch.rows
             pending, keep = _record(
-                result, batch.rows, verdict, request_ids, stops, budget, max_new_tokens
+                result, rows, verdict.tokens(), lengths, request_ids, stops, budget, max_new_tokens
             )
-            if len(keep) < len(batch.rows):
+            if len(keep) < len(rows):
                 batch.select(keep)
+            if plan is not None:
+                # Slot s of a tree holds node s - 1; the accepted slots follow the root.
+                accepted = [
+                    [s - 1 for s in index[1 : k + 1]]
+                    for index, k in zip(verdict.accept_index.tolist(), lengths, strict=True)
+                ]
+                policy.observe(plan, accepted, policy.clock() - started)
+                for req in pending:
+                    if req.finished:
+                        policy.end(req.request_id)
         drafter.step(pending)  # tells the drafter the last tokens of the finished requests
     return result

@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 from .errors import InvalidArgumentError
 
@@ -30,10 +31,16 @@ __all__ = [
     "SMOLLM2_GGUF",
     "smollm2_gguf_path",
     "load_smollm2",
+    "BenchPrompt",
     "workload_prompts",
     "make_drafter",
+    "Variant",
+    "parse_variant",
+    "RunResult",
     "PromptResult",
     "run_bench",
+    "best_of",
+    "summary",
     "main",
 ]
 
@@ -68,24 +75,67 @@ def load_smollm2(attn_implementation: str = "sdpa"):
     return model.eval(), tokenizer
 
 
-def workload_prompts(path: str | pathlib.Path, tokenizer, limit: int | None = None):
-    """``(id, token ids)`` of a workload's prompts, re-encoded for ``tokenizer``.
+@dataclass(frozen=True)
+class BenchPrompt:
+    """A workload prompt re-encoded for the benchmarked model.
+
+    Attributes:
+        id: the workload's request id.
+        group: its group (conversation, source module...).
+        half: ``"A"`` or ``"B"``: alternate groups in file order.
+        ids: the token ids for the model.
+    """
+
+    id: str
+    group: str
+    half: str
+    ids: list[int]
+
+
+def workload_prompts(
+    path: str | pathlib.Path,
+    tokenizer,
+    limit: int | None = None,
+    max_prompt_tokens: int | None = None,
+) -> list[BenchPrompt]:
+    """A workload's prompts, re-encoded for ``tokenizer``.
 
     The workload's Qwen2.5 ids are decoded with quicktok's ``qwen3`` encoding (special tokens
     come back as their text) and the text is encoded with ``tokenizer`` without adding any
-    special token of its own.
+    special token of its own. Groups get halves ``A``, ``B``, ``A``... in order of first
+    appearance in the file (over the whole file, so that ``limit`` does not move them).
+
+    Args:
+        path: a shared workload ``.jsonl`` file.
+        tokenizer: the benchmarked model's tokenizer.
+        limit: keep the first ``limit`` prompts (after the length filter).
+        max_prompt_tokens: skip prompts longer than this (in the model's tokens).
+
+    Raises:
+        InvalidArgumentError: ``quicktok`` is missing (``pip install "lookahead-client[torch]"``).
     """
-    import quicktok
+    try:
+        import quicktok
+    except ImportError as e:
+        raise InvalidArgumentError(
+            "the benchmark decodes workloads with quicktok: pip install "
+            '"lookahead-client[torch]" (or quicktok-v1)',
+            field="workload",
+        ) from e
 
     qwen = quicktok.get_encoding("qwen3")
-    out = []
+    halves: dict[str, str] = {}
+    out: list[BenchPrompt] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
-            if limit is not None and len(out) >= limit:
-                break
             record = json.loads(line)
-            text = qwen.decode(record["prompt"])
-            out.append((record["id"], tokenizer.encode(text, add_special_tokens=False)))
+            group = record.get("group", record["id"])
+            half = halves.setdefault(group, "AB"[len(halves) % 2])
+            if limit is not None and len(out) >= limit:
+                continue
+            ids = tokenizer.encode(qwen.decode(record["prompt"]), add_special_tokens=False)
+            if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+                out.append(BenchPrompt(record["id"], group, half, ids))
     return out
 
 
@@ -102,125 +152,300 @@ def make_drafter(kind: str, vocab_size: int):
     raise InvalidArgumentError(f"unknown drafter {kind!r}", field="drafter")
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way of generating.
+
+    Attributes:
+        name: as given on the command line (``plain``, ``hf-prompt-lookup``, ``fixed:B``,
+            ``policy:B``).
+        kind: ``plain``, ``hf-prompt-lookup``, ``fixed`` or ``policy``.
+        budget: the most draft nodes per step (lookahead variants).
+    """
+
+    name: str
+    kind: str
+    budget: int = 0
+
+    @property
+    def lookahead(self) -> bool:
+        """Whether the variant runs :func:`~lookahead_client.hf.speculative_generate`."""
+        return self.kind in ("fixed", "policy")
+
+
+def parse_variant(text: str) -> Variant:
+    """``plain``, ``hf-prompt-lookup``, ``fixed:B`` or ``policy:B`` (B >= 1).
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    kind, _, budget = text.partition(":")
+    if kind in ("plain", "hf-prompt-lookup") and not budget:
+        return Variant(text, kind)
+    if kind in ("fixed", "policy") and budget.isdigit() and int(budget) >= 1:
+        return Variant(text, kind, int(budget))
+    raise InvalidArgumentError(
+        f"unknown variant {text!r}: plain, hf-prompt-lookup, fixed:B or policy:B",
+        field="variants",
+    )
+
+
+@dataclass
+class RunResult:
+    """One prompt generated by one variant."""
+
+    tokens: int
+    seconds: float
+    cpu_seconds: float
+    load_average: float
+    forward_passes: int = 0
+    accepted: int = 0
+    plain_passes: int = 0
+    identical: bool = True
+    output: list[int] = field(default_factory=list, repr=False)
+
+
 @dataclass
 class PromptResult:
-    """One prompt's figures, plain versus speculative."""
+    """One prompt's runs, by variant name."""
 
     id: str
+    group: str
+    half: str
     prompt_tokens: int
-    plain_tokens: int
-    plain_s: float
-    plain_cpu_s: float
-    spec_tokens: int
-    spec_s: float
-    spec_cpu_s: float
-    spec_steps: int
-    spec_accepted: int
-    identical: bool
+    runs: dict[str, RunResult]
+
+    def row(self) -> dict:
+        """The JSON row: figures per variant and each one's speed-up over ``plain``."""
+        plain = self.runs.get("plain")
+        runs = {}
+        for name, r in self.runs.items():
+            d = asdict(r)
+            d.pop("output")
+            if plain is not None:
+                d["speedup"] = round(plain.seconds / r.seconds, 3)
+                d["cpu_speedup"] = round(plain.cpu_seconds / r.cpu_seconds, 3)
+            runs[name] = d
+        return {
+            "id": self.id,
+            "group": self.group,
+            "half": self.half,
+            "prompt_tokens": self.prompt_tokens,
+            "runs": runs,
+        }
+
+
+def _timed(generate: Callable[[], tuple[list[int], dict]]) -> RunResult:
+    start, cpu = time.perf_counter(), time.process_time()
+    output, extra = generate()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    return RunResult(
+        tokens=len(output),
+        seconds=round(seconds, 3),
+        cpu_seconds=round(cpu_seconds, 3),
+        load_average=round(os.getloadavg()[0], 2),
+        output=output,
+        **extra,
+    )
+
+
+class _Runner:
+    """Generates one prompt with one variant; keeps each lookahead variant's drafter and
+    sizing policy across prompts."""
+
+    def __init__(self, model, variants: Sequence[Variant], drafter: str) -> None:
+        from .sizing import SizingPolicy
+
+        self.model = model
+        self.eos = model.generation_config.eos_token_id
+        self.drafters = {
+            v.name: make_drafter(drafter, model.config.vocab_size) for v in variants if v.lookahead
+        }
+        self.policies = {v.name: SizingPolicy() for v in variants if v.kind == "policy"}
+
+    def run(self, variant: Variant, rid: str, ids: Sequence[int], max_new_tokens: int):
+        import torch
+
+        from .hf import speculative_generate
+
+        if not variant.lookahead:
+            extra = {"prompt_lookup_num_tokens": 10} if variant.kind == "hf-prompt-lookup" else {}
+            inputs = torch.tensor([list(ids)])
+
+            def generate():
+                with torch.inference_mode():
+                    out = self.model.generate(
+                        inputs,
+                        attention_mask=torch.ones_like(inputs),
+                        do_sample=False,
+                        max_new_tokens=max_new_tokens,
+                        eos_token_id=self.eos,
+                        pad_token_id=self.eos,
+                        **extra,
+                    )
+                return out[0, len(ids) :].tolist(), {}
+
+            return _timed(generate)
+
+        def generate():
+            result = speculative_generate(
+                self.model,
+                [ids],
+                self.drafters[variant.name],
+                max_new_tokens=max_new_tokens,
+                budget=variant.budget,
+                eos_token_id=self.eos,
+                request_ids=[f"{variant.name}/{rid}"],
+                sizing=self.policies.get(variant.name, False),
+            )
+            extra = {
+                "forward_passes": result.forward_passes,
+                "accepted": result.accepted[0],
+                "plain_passes": result.plain_passes,
+            }
+            return result.tokens[0], extra
+
+        return _timed(generate)
+
+    def stats(self) -> dict[str, dict]:
+        """The sizing policies' counters (steps, plain steps, probes, realised acceptance)."""
+        return {name: p.stats() for name, p in self.policies.items()}
 
 
 def run_bench(
     model,
-    prompts: Sequence[tuple[str, Sequence[int]]],
-    drafter,
+    prompts: Sequence[BenchPrompt],
+    variants: Sequence[Variant],
     max_new_tokens: int,
-    budget: int,
-    log=None,
-) -> list[PromptResult]:
-    """Runs every prompt with plain greedy ``generate`` then speculative generation (batch 1).
+    drafter: str = "embedded",
+    log: Callable[[str], object] | None = None,
+) -> tuple[list[PromptResult], dict[str, dict]]:
+    """Runs every prompt with every variant (batch 1, greedy), the order rotating per prompt.
 
-    One drafter serves all prompts in turn (a shared drafter learns from earlier outputs).
+    Args:
+        model: the benchmarked model.
+        prompts: the prompts.
+        variants: what to run; ``plain`` is added first when missing (outputs are compared
+            with it).
+        max_new_tokens: tokens to generate per prompt at most.
+        drafter: the lookahead variants' drafter (see :func:`make_drafter`).
+        log: called with each prompt's JSON row.
+
+    Returns:
+        The results per prompt, and the sizing policies' counters.
     """
-    import torch
-
-    from .hf import speculative_generate
-
-    eos = model.generation_config.eos_token_id
+    variants = list(variants)
+    if all(v.kind != "plain" for v in variants):
+        variants.insert(0, Variant("plain", "plain"))
+    runner = _Runner(model, variants, drafter)
     results = []
-    for rid, ids in prompts:
-        inputs = torch.tensor([list(ids)])
-        start, cpu = time.perf_counter(), time.process_time()
-        with torch.inference_mode():
-            plain = model.generate(
-                inputs,
-                attention_mask=torch.ones_like(inputs),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )[0, len(ids) :].tolist()
-        plain_s, plain_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-        start, cpu = time.perf_counter(), time.process_time()
-        spec = speculative_generate(
-            model,
-            [ids],
-            drafter,
-            max_new_tokens=max_new_tokens,
-            budget=budget,
-            eos_token_id=eos,
-            request_ids=[rid],
-        )
-        spec_s, spec_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-        row = PromptResult(
-            id=rid,
-            prompt_tokens=len(ids),
-            plain_tokens=len(plain),
-            plain_s=round(plain_s, 3),
-            plain_cpu_s=round(plain_cpu_s, 3),
-            spec_tokens=len(spec.tokens[0]),
-            spec_s=round(spec_s, 3),
-            spec_cpu_s=round(spec_cpu_s, 3),
-            spec_steps=spec.steps[0],
-            spec_accepted=spec.accepted[0],
-            identical=spec.tokens[0] == plain,
-        )
-        results.append(row)
+    for i, prompt in enumerate(prompts):
+        k = i % len(variants)
+        runs = {
+            v.name: runner.run(v, prompt.id, prompt.ids, max_new_tokens)
+            for v in variants[k:] + variants[:k]
+        }
+        reference = runs["plain"].output
+        for r in runs.values():
+            r.identical = r.output == reference
+        result = PromptResult(prompt.id, prompt.group, prompt.half, len(prompt.ids), runs)
+        results.append(result)
         if log is not None:
-            log(json.dumps(asdict(row)))
-    return results
+            log(json.dumps(result.row()))
+    return results, runner.stats()
 
 
-def summary(results: Sequence[PromptResult]) -> dict[str, float | int]:
-    """Totals over all prompts."""
-    plain_tokens = sum(r.plain_tokens for r in results)
-    spec_tokens = sum(r.spec_tokens for r in results)
-    plain_s = sum(r.plain_s for r in results)
-    spec_s = sum(r.spec_s for r in results)
-    plain_cpu_s = sum(r.plain_cpu_s for r in results)
-    spec_cpu_s = sum(r.spec_cpu_s for r in results)
-    steps = sum(r.spec_steps for r in results)
-    return {
-        "prompts": len(results),
-        "identical": sum(r.identical for r in results),
-        "plain_tokens": plain_tokens,
-        "plain_s": round(plain_s, 2),
-        "plain_tok_per_s": round(plain_tokens / plain_s, 2),
-        "spec_tokens": spec_tokens,
-        "spec_s": round(spec_s, 2),
-        "spec_tok_per_s": round(spec_tokens / spec_s, 2),
-        "spec_steps": steps,
-        "tokens_per_step": round(spec_tokens / steps, 3),
-        "accepted_per_step": round(sum(r.spec_accepted for r in results) / steps, 3),
-        "speedup": round((spec_tokens / spec_s) / (plain_tokens / plain_s), 3),
-        "plain_cpu_s": round(plain_cpu_s, 2),
-        "spec_cpu_s": round(spec_cpu_s, 2),
-        "cpu_speedup": round((spec_tokens / spec_cpu_s) / (plain_tokens / plain_cpu_s), 3),
-    }
+def best_of(passes: Sequence[Sequence[PromptResult]]) -> list[PromptResult]:
+    """Merges passes over the same prompts: per prompt and variant, the run of the shortest
+    wall-clock time (its CPU time is the shortest of the passes too); an output that differs
+    from ``plain`` in any pass marks the merged run as not identical.
+
+    The minimum of repeated timings is the figure least disturbed by other processes; every
+    variant gets the same number of passes, each with fresh drafters and policies.
+    """
+    merged = []
+    for rows in zip(*passes, strict=True):
+        runs = {}
+        for name in rows[0].runs:
+            candidates = [r.runs[name] for r in rows]
+            best = min(candidates, key=lambda r: r.seconds)
+            runs[name] = RunResult(
+                **{
+                    **asdict(best),
+                    "cpu_seconds": min(r.cpu_seconds for r in candidates),
+                    "identical": all(r.identical for r in candidates),
+                }
+            )
+        first = rows[0]
+        merged.append(PromptResult(first.id, first.group, first.half, first.prompt_tokens, runs))
+    return merged
+
+
+def summary(results: Sequence[PromptResult]) -> dict[str, dict]:
+    """Per variant: totals and speed-ups over ``plain`` (wall-clock and CPU), the slowest
+    prompt's speed-up, prompts more than 3% slower than ``plain``, identical outputs."""
+    out: dict[str, dict] = {}
+    if not results:
+        return out
+    plain = [r.runs["plain"] for r in results]
+    plain_s = sum(r.seconds for r in plain)
+    plain_cpu = sum(r.cpu_seconds for r in plain)
+    for name in results[0].runs:
+        runs = [r.runs[name] for r in results]
+        tokens = sum(r.tokens for r in runs)
+        seconds = sum(r.seconds for r in runs)
+        cpu = sum(r.cpu_seconds for r in runs)
+        ratios = [p.seconds / r.seconds for p, r in zip(plain, runs, strict=True)]
+        row = {
+            "prompts": len(runs),
+            "identical": sum(r.identical for r in runs),
+            "tokens": tokens,
+            "seconds": round(seconds, 2),
+            "tok_per_s": round(tokens / seconds, 2),
+            "speedup": round(plain_s / seconds, 3),
+            "cpu_speedup": round(plain_cpu / cpu, 3),
+            "slowest_prompt_speedup": round(min(ratios), 3),
+            "prompts_over_3pct_slower": sum(x < 1 / 1.03 for x in ratios),
+        }
+        passes = sum(r.forward_passes for r in runs)
+        if passes:
+            row.update(
+                forward_passes=passes,
+                tokens_per_pass=round(tokens / passes, 3),
+                plain_passes=sum(r.plain_passes for r in runs),
+            )
+        out[name] = row
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: benchmark SmolLM2 on a workload, print one JSON line per prompt."""
+    """Command line: benchmark SmolLM2 on a workload, print one JSON line per prompt, then
+    the summary of each half and of all prompts."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", required=True, help="a shared workload .jsonl file")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="skip longer prompts (model tokens)"
+    )
+    parser.add_argument("--half", choices=("A", "B"), default=None, help="one half only")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--budget", type=int, default=8, help="draft nodes per step")
-    parser.add_argument("--drafter", default="prompt-lookup", help="prompt-lookup | embedded")
+    parser.add_argument(
+        "--variants",
+        default="plain,hf-prompt-lookup,fixed:8,policy:16",
+        help="comma-separated: plain, hf-prompt-lookup, fixed:B, policy:B",
+    )
+    parser.add_argument("--drafter", default="embedded", help="prompt-lookup | embedded")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument("--out", default=None, help="write the rows and summary as JSON here")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="run all prompts this many times (fresh drafters each time) and keep, per prompt "
+        "and variant, the fastest run",
+    )
+    parser.add_argument("--out", default=None, help="write the rows and summaries as JSON here")
     args = parser.parse_args(argv)
-
-    import os
+    variants = [parse_variant(v.strip()) for v in args.variants.split(",") if v.strip()]
 
     import torch
 
@@ -228,23 +453,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     model, tokenizer = load_smollm2()
-    prompts = workload_prompts(args.workload, tokenizer, args.limit)
-    drafter = make_drafter(args.drafter, model.config.vocab_size)
-    run_bench(model, prompts[:1], make_drafter(args.drafter, model.config.vocab_size), 8, 4)
-    results = run_bench(model, prompts, drafter, args.max_new_tokens, args.budget, log=print)
-    total = summary(results)
-    total.update(
-        drafter=args.drafter,
-        budget=args.budget,
-        max_new_tokens=args.max_new_tokens,
-        threads=torch.get_num_threads(),
-        load_average_before=round(load_before, 2),
-        load_average_after=round(os.getloadavg()[0], 2),
-    )
-    print(json.dumps(total))
+    prompts = workload_prompts(args.workload, tokenizer, args.limit, args.max_prompt_tokens)
+    if args.half:
+        prompts = [p for p in prompts if p.half == args.half]
+    # Warm-up (kernels, allocator) on the first prompt, with throwaway drafters and policies.
+    run_bench(model, prompts[:1], variants, 8, args.drafter)
+    passes, policies = [], []
+    for i in range(max(args.passes, 1)):
+        if args.passes > 1:
+            print(json.dumps({"pass": i + 1, "of": args.passes}))
+        results, stats = run_bench(
+            model, prompts, variants, args.max_new_tokens, args.drafter, log=print
+        )
+        passes.append(results)
+        policies.append(stats)
+    results = best_of(passes)
+    summaries = {half: summary([r for r in results if r.half == half]) for half in ("A", "B")}
+    summaries["all"] = summary(results)
+    info = {
+        "workload": args.workload,
+        "drafter": args.drafter,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "passes": len(passes),
+        "load_average_before": round(load_before, 2),
+        "load_average_after": round(os.getloadavg()[0], 2),
+        "policies": policies,
+    }
+    for half, total in summaries.items():
+        print(json.dumps({"summary": half, **total}))
+    print(json.dumps(info))
     if args.out:
         pathlib.Path(args.out).write_text(
-            json.dumps({"rows": [asdict(r) for r in results], "summary": total}, indent=1)
+            json.dumps(
+                {
+                    "rows": [r.row() for r in results],
+                    "passes": [[r.row() for r in p] for p in passes],
+                    "summary": summaries,
+                    "info": info,
+                },
+                indent=1,
+            )
         )
     return 0
 

@@ -4,6 +4,8 @@ Example::
 
     lookahead-bench replay --drafter lookahead --drafter prompt-lookup \\
         --budget 4,8,16 --concurrency 1,16 --json out.json --plot out.png
+    lookahead-bench sizing --cost-curve cost_curve.json --model llama-8b \\
+        --workload ../shared/workloads/sharegpt-chat.jsonl --concurrency 1,4,16,64
 
 Exit status: 0 on success, 2 on a usage problem (bad option, unknown drafter, missing
 package, bad workload file), 1 when a drafter fails during a run.
@@ -130,8 +132,79 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", metavar="OUT", help="write every result row to this JSON file")
     rp.add_argument("--plot", metavar="OUT.png", help="draw MAT against budget (matplotlib)")
     rp.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    sp = sub.add_parser(
+        "sizing",
+        help="simulate the sizing policy against fixed budgets and plain decoding",
+        description="Replays a workload at each concurrency with plain decoding, fixed "
+        "budgets and the cost-aware sizing policy, timing every step with a cost curve "
+        "measured by scripts/gpu_cost_curve.py; reports tokens per simulated second.",
+    )
+    sp.add_argument("--cost-curve", required=True, metavar="JSON", help="gpu_cost_curve.py output")
+    sp.add_argument("--model", help="the model shape in the curve file (default: the first)")
+    sp.add_argument(
+        "--workload", action="append", metavar="PATH", help="a workload .jsonl (repeatable)"
+    )
+    sp.add_argument("--drafter", default="lookahead", help="a drafter name (default: lookahead)")
+    sp.add_argument(
+        "--concurrency", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64], help="engine slots C"
+    )
+    sp.add_argument("--budget", type=_int_list, default=[4, 8, 16], help="fixed budgets")
+    sp.add_argument("--layout", choices=("padded", "ragged"), default="padded")
+    sp.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    sp.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     add_load_parser(sub)
     return parser
+
+
+def _sizing_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from dataclasses import asdict
+
+    from .sizing import CostCurve, sweep
+
+    try:
+        spec = get_spec(args.drafter)
+        options = DrafterOptions(max(args.budget))
+        spec.check(options)
+        curve = CostCurve.load(args.cost_curve, args.model)
+        paths = args.workload or [str(DEMO_WORKLOAD)]
+        workloads = [load_workload(path, limit=args.limit) for path in paths]
+    except (UnknownDrafterError, ImportError, ValueError, OSError, KeyError) as exc:
+        print(f"lookahead-bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"cost curve: {curve.label}, context {curve.context} tokens per request", flush=True)
+    print(
+        f"{'workload':<16} {'C':>3} {'mode':<7} {'B':>3} {'tok/s':>9} {'speedup':>8} "
+        f"{'tok/step':>8} {'slots':>6} {'plain':>6}",
+        flush=True,
+    )
+    rows: list[dict] = []
+
+    def log(row) -> None:
+        print(
+            f"{row.workload:<16} {row.concurrency:>3} {row.mode:<7} {row.budget:>3} "
+            f"{row.tok_per_s:>9.1f} {row.speedup:>7.3f}x {row.tokens_per_step:>8.3f} "
+            f"{row.slots_per_request:>6.2f} {row.plain_step_fraction:>6.1%}",
+            flush=True,
+        )
+        rows.append({**asdict(row), "tok_per_s": round(row.tok_per_s, 2)})
+        if args.json:
+            write_json(args.json, rows, argv)
+
+    for workload in workloads:
+        try:
+            sweep(
+                workload,
+                lambda: spec.factory(options),
+                curve,
+                args.concurrency,
+                args.budget,
+                args.layout,
+                log=log,
+            )
+        except ReplayError as exc:
+            print(f"lookahead-bench: error: {exc}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def _settings(args: argparse.Namespace) -> list[ReplaySettings]:
@@ -267,4 +340,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _replay_command(args, argv)
     if args.command == "load":
         return run_load(args)
+    if args.command == "sizing":
+        return _sizing_command(args, argv)
     raise AssertionError(args.command)  # argparse only accepts the commands above

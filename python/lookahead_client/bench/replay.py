@@ -41,6 +41,11 @@ Semantics (``shared/workloads/FORMAT.md``), and the exact order of events chosen
 Figure of merit: MAT = sum(accepted) / sum(steps), over all requests. It is also reported by
 phase: steps that start in the first half of their response, and the others (late in a
 rollout, the siblings ahead have the most to give).
+
+A :class:`StepHook` may stand between the drafter and the verification of each engine step
+(``lookahead-bench sizing`` uses one to cut trees with the sizing policy and to time each
+step with a measured cost curve): it gets the step's trees and may return others, and is told
+which nodes were accepted.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lookahead_client.types import Drafter, DraftTree, StepRequest
 
@@ -59,7 +65,9 @@ __all__ = [
     "ReplayError",
     "ReplaySettings",
     "ReplayResult",
+    "StepHook",
     "accepted_length",
+    "accepted_nodes",
     "replay",
 ]
 
@@ -180,6 +188,45 @@ def accepted_length(tree: DraftTree, target: Sequence[int]) -> int:
     return best
 
 
+def accepted_nodes(tree: DraftTree, target: Sequence[int]) -> list[int]:
+    """The nodes on the longest root-to-node path spelling a prefix of ``target`` (the path
+    :func:`accepted_length` measures; the first one found among equally long ones), from
+    the root down."""
+    tokens, parents = tree.tokens, tree.parents
+    depth = [0] * len(tokens)  # depth of a matching node, 0 for a node off the target
+    best, leaf = 0, -1
+    for i, tok in enumerate(tokens):
+        p = parents[i]
+        d = 0 if p < 0 else depth[p]
+        if (p < 0 or d) and d < len(target) and tok == target[d]:
+            depth[i] = d + 1
+            if d + 1 > best:
+                best, leaf = d + 1, i
+    path = []
+    while leaf >= 0:
+        path.append(leaf)
+        leaf = parents[leaf]
+    return path[::-1]
+
+
+class StepHook(Protocol):
+    """Sees every engine step of a replay between drafting and verification."""
+
+    def before(
+        self, trees: list[DraftTree], cached: list[int], remaining: list[int]
+    ) -> list[DraftTree]:
+        """The trees to verify, one per active request.
+
+        Args:
+            trees: the drafter's trees.
+            cached: each request's tokens so far (prompt and response).
+            remaining: the response tokens each request still has to produce.
+        """
+
+    def after(self, trees: list[DraftTree], accepted: list[list[int]]) -> None:
+        """The verified trees and, for each, the indices of its accepted nodes."""
+
+
 class _Live:
     """A request being served (or finished, waiting to be reported to the drafter)."""
 
@@ -252,11 +299,28 @@ class _Engine:
         return started
 
 
+def _hooked(hook: StepHook, active: list[_Live], trees: list[DraftTree]) -> list[DraftTree]:
+    """Runs the hook around the step's verification (the accepted nodes are those the
+    replay's own verification will find)."""
+    cached = [len(live.req.prompt) + live.pos for live in active]
+    remaining = [len(live.req.response) - live.pos for live in active]
+    trees = list(hook.before(trees, cached, remaining))
+    if len(trees) != len(active):
+        raise ReplayError(f"step hook returned {len(trees)} trees for {len(active)} requests")
+    accepted = [
+        accepted_nodes(tree, live.req.response[live.pos :])
+        for live, tree in zip(active, trees, strict=True)
+    ]
+    hook.after(trees, accepted)
+    return trees
+
+
 def replay(
     workload: Workload,
     drafter_factory: Callable[[], Drafter],
     settings: ReplaySettings,
     progress: Callable[[int], object] | None = None,
+    hook: StepHook | None = None,
 ) -> ReplayResult:
     """Replays ``workload`` against fresh drafters made by ``drafter_factory``.
 
@@ -265,6 +329,7 @@ def replay(
         drafter_factory: makes one drafter; called once (shared) or once per replica (private).
         settings: budget, concurrency, replicas and sharing.
         progress: called now and then with the response tokens produced since its last call.
+        hook: sees each engine step's trees before verification (see :class:`StepHook`).
 
     Returns:
         The summed steps and accepted tokens, timings and the drafters' stats.
@@ -310,12 +375,16 @@ def replay(
                     f"drafter returned {len(trees)} trees for a step of {len(batch)} requests"
                 )
             still: list[_Live] = []
-            for live, tree in zip(engine.active, trees[reported:], strict=True):
+            active_trees = trees[reported:]
+            for live, tree in zip(engine.active, active_trees, strict=True):
                 if len(tree.tokens) > budget:
                     raise ReplayError(
                         f"drafter returned {len(tree.tokens)} nodes for request "
                         f"{live.req.id!r} with budget {budget}"
                     )
+            if hook is not None and engine.active:
+                active_trees = _hooked(hook, engine.active, active_trees)
+            for live, tree in zip(engine.active, active_trees, strict=True):
                 response, pos = live.req.response, live.pos
                 acc = accepted_length(tree, response[pos : pos + budget])
                 advance = min(acc + 1, len(response) - pos)

@@ -74,6 +74,7 @@ class _Tracked:
     sent: int  # tokens of the request the drafter holds (prompt included)
     fed_depth: int = -1  # depth of the drafter's tree SGLang got last; -1: none / fallback
     fed_step: int = -1  # the step that tree was fed in
+    fed_expected: float = 0.0  # the sum of that tree's scores (its expected accepted length)
 
 
 @dataclass(slots=True)
@@ -118,6 +119,11 @@ class RequestBook:
         self._generation = itertools.count(1)
         #: Requests started again after their drafter state was in doubt.
         self.resyncs = 0
+        #: Over the fed trees whose outcome is known: draft tokens SGLang accepted, and what
+        #: the drafter's scores expected (the sum of the trees' scores; the drafter's
+        #: calibration is good when the two agree).
+        self.accepted_drafts = 0
+        self.expected_drafts = 0.0
 
     def __len__(self) -> int:
         return len(self._tracked)
@@ -171,6 +177,9 @@ class RequestBook:
             accepted = len(new) - 1
             if t.fed_step != plan.step - 1 or not 0 <= accepted <= t.fed_depth:
                 accepted = -1
+            else:
+                self.accepted_drafts += accepted
+                self.expected_drafts += t.fed_expected
             plan.requests.append(
                 StepRequest(
                     t.drafter_id,
@@ -239,12 +248,12 @@ class RequestBook:
             self._release(rid)
             self.resyncs += 1
 
-    def fed(self, plan: StepPlan, index: int, depth: int) -> None:
+    def fed(self, plan: StepPlan, index: int, depth: int, expected: float = 0.0) -> None:
         """SGLang got, for the ``index``-th view of ``plan``, a drafter tree of ``depth``
-        levels (-1: a root-only fallback instead)."""
+        levels (-1: a root-only fallback instead) whose scores sum to ``expected``."""
         t = self._tracked.get(plan.views[index].rid)
         if t is not None:
-            t.fed_depth, t.fed_step = depth, plan.step
+            t.fed_depth, t.fed_step, t.fed_expected = depth, plan.step, expected
 
     def _release(self, rid: str) -> None:
         t = self._tracked.pop(rid, None)

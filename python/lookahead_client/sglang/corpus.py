@@ -314,7 +314,10 @@ class DrafterCorpus:
                 self.book.fed(plan, j, -1)
                 continue
             tree = self._checked(outcome.trees[index], roots[i], req_ids[i])
-            self.book.fed(plan, j, tree.depth if tree is not None else -1)
+            if tree is None:
+                self.book.fed(plan, j, -1)
+            else:
+                self.book.fed(plan, j, tree.depth, float(sum(tree.scores)))
             if tree is not None:
                 trees[i] = tree
         return trees
@@ -374,6 +377,8 @@ class DrafterCorpus:
             "empty_requests": self.fallback_requests,
             "tracked_requests": len(self.book),
             "resyncs": self.book.resyncs,
+            "accepted_drafts": self.book.accepted_drafts,
+            "expected_drafts": round(self.book.expected_drafts, 2),
             "disabled_requests": self.book.disabled,
             "owed_ends": self.book.owed_ends,
         }

@@ -1,0 +1,274 @@
+"""A measured cost model of the target model's verification forward pass.
+
+:class:`CostModel` predicts the seconds one verify step takes from the shape of the step:
+
+* ``tokens``: the query tokens of the whole batch (every request's root plus its tree slots,
+  padding included when the engine pads trees to a common width);
+* ``context``: the KV entries the batch attends to (the sum of the requests' cached lengths);
+* ``pairs``: query-key pairs, the sum over requests of ``slots * (cached + slots)``.
+
+The time is a piecewise-linear function of ``tokens`` (knots 1, 2, 3, 4, 6, 8, 12, 16, 24...,
+linear beyond the last one) plus non-negative terms linear in ``context`` and ``pairs``.
+Nothing about the shape is assumed beyond that: a CPU whose matrix kernels change at two
+tokens, a GPU that is flat up to a few hundred tokens and then turns compute-bound, both fit.
+
+It is learnt from measured steps (:meth:`CostModel.observe`): the engine's own step times
+online, or a start-up profile, or the table of ``scripts/gpu_cost_curve.py``. The fit is a
+penalised least-squares fit with exponential forgetting (a machine whose load changes is
+followed), and knots without measurements are filled in by interpolation/extrapolation of
+their neighbours (a penalty on the change of slope between knots).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+__all__ = ["CostModel", "token_knots"]
+
+# Scales of the context features, so that every coefficient is a few milliseconds.
+_CONTEXT_UNIT = 1024.0
+_PAIRS_UNIT = 65536.0
+
+
+def token_knots(max_tokens: int) -> np.ndarray:
+    """The knots of the piecewise-linear token curve: 1, 2, 3, 4, then x1.5 / x1.33 steps
+    (6, 8, 12, 16, 24, 32, ...) up to at least ``max_tokens``."""
+    knots = [1, 2, 3, 4]
+    while knots[-1] < max_tokens:
+        knots.append(knots[-1] * 3 // 2 if knots[-1] & (knots[-1] - 1) == 0 else knots[-2] * 2)
+    return np.asarray(knots, dtype=np.float64)
+
+
+def _hat(knots: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each token count: the two knots bracketing it and the weight of the upper one
+    (beyond the last knot the weight exceeds 1: linear extrapolation)."""
+    upper = np.clip(np.searchsorted(knots, tokens, side="left"), 1, len(knots) - 1)
+    lower = upper - 1
+    t = (tokens - knots[lower]) / (knots[upper] - knots[lower])
+    return lower, upper, t
+
+
+class CostModel:
+    """Seconds of one verification step, learnt from measured steps.
+
+    Args:
+        max_tokens: the largest batch (query tokens) expected; larger ones are extrapolated.
+        forgetting: each observation multiplies the weight of the earlier ones by this
+            (1.0 never forgets; 0.998 keeps roughly the last 500 steps).
+        smoothing: weight of the penalty on slope changes between knots, relative to one
+            observation; it only decides knots with no measurement near them.
+        outlier_factor: once the model is fitted, a measurement above this multiple of the
+            prediction is clipped to it (a step that lost the CPU to another process).
+
+    Raises:
+        InvalidArgumentError: a setting out of range (``field`` names it).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_tokens: int = 4096,
+        forgetting: float = 0.998,
+        smoothing: float = 0.01,
+        outlier_factor: float = 3.0,
+    ) -> None:
+        if max_tokens < 1:
+            raise InvalidArgumentError(
+                f"max_tokens must be >= 1, got {max_tokens}", field="max_tokens"
+            )
+        if not 0.0 < forgetting <= 1.0:
+            raise InvalidArgumentError(
+                f"forgetting must be in (0, 1], got {forgetting}", field="forgetting"
+            )
+        if not smoothing > 0.0:
+            raise InvalidArgumentError(f"smoothing must be > 0, got {smoothing}", field="smoothing")
+        if not outlier_factor > 1.0:
+            raise InvalidArgumentError(
+                f"outlier_factor must be > 1, got {outlier_factor}", field="outlier_factor"
+            )
+        self.knots = token_knots(max(max_tokens, 4))
+        self.forgetting = forgetting
+        self.smoothing = smoothing
+        self.outlier_factor = outlier_factor
+        n = len(self.knots) + 2
+        self._gram = np.zeros((n, n))
+        self._moment = np.zeros(n)
+        #: Weight of the measurements near each knot (forgetting applied).
+        self.knot_weight = np.zeros(len(self.knots))
+        self.observations = 0
+        self._coef: np.ndarray | None = None
+        self._penalty = self._slope_penalty()
+
+    # -- features ---------------------------------------------------------------------------
+
+    def _features(self, tokens: np.ndarray, context: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        m = len(self.knots)
+        x = np.zeros((len(tokens), m + 2))
+        lower, upper, t = _hat(self.knots, tokens)
+        rows = np.arange(len(tokens))
+        x[rows, lower] += 1.0 - t
+        x[rows, upper] += t
+        x[:, m] = context / _CONTEXT_UNIT
+        x[:, m + 1] = pairs / _PAIRS_UNIT
+        return x
+
+    def _slope_penalty(self) -> np.ndarray:
+        """Rows penalising the change of slope at each inner knot, scaled by the knot
+        spacing so that the penalty is in seconds whatever the spacing."""
+        k = self.knots
+        m = len(k)
+        rows = np.zeros((max(m - 2, 0), m + 2))
+        for j in range(1, m - 1):
+            h1, h2 = k[j] - k[j - 1], k[j + 1] - k[j]
+            h = (h1 + h2) / 2.0
+            rows[j - 1, j - 1] = h / h1
+            rows[j - 1, j] = -h / h1 - h / h2
+            rows[j - 1, j + 1] = h / h2
+        return rows.T @ rows
+
+    @staticmethod
+    def _arrays(tokens, context, pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tok = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
+        ctx = np.broadcast_to(np.asarray(context, dtype=np.float64), tok.shape)
+        prs = np.broadcast_to(np.asarray(pairs, dtype=np.float64), tok.shape)
+        return tok, ctx, prs
+
+    # -- learning ---------------------------------------------------------------------------
+
+    def observe(self, tokens: int, seconds: float, *, context: int = 0, pairs: int = 0) -> None:
+        """Adds one measured step.
+
+        Args:
+            tokens: query tokens of the step (>= 1).
+            seconds: how long it took (> 0; ``nan`` or ``inf`` are refused).
+            context: KV entries the batch attended to.
+            pairs: query-key pairs (sum over requests of ``slots * (cached + slots)``).
+
+        Raises:
+            InvalidArgumentError: a value out of range.
+        """
+        if tokens < 1:
+            raise InvalidArgumentError(f"tokens must be >= 1, got {tokens}", field="tokens")
+        if not (math.isfinite(seconds) and seconds > 0.0):
+            raise InvalidArgumentError(f"seconds must be > 0, got {seconds}", field="seconds")
+        if context < 0 or pairs < 0:
+            raise InvalidArgumentError("context and pairs must be >= 0", field="context")
+        tok, ctx, prs = self._arrays(tokens, context, pairs)
+        if self.ready:
+            predicted = float(self.predict(tok, ctx, prs)[0])
+            if predicted > 0:
+                seconds = min(seconds, self.outlier_factor * predicted)
+        x = self._features(tok, ctx, prs)[0]
+        lam = self.forgetting
+        self._gram *= lam
+        self._moment *= lam
+        self.knot_weight *= lam
+        self._gram += np.outer(x, x)
+        self._moment += x * seconds
+        self.knot_weight += np.abs(x[: len(self.knots)])
+        self.observations += 1
+        self._coef = None
+
+    def samples(self, tokens) -> np.ndarray:
+        """The weight of measurements at each token count (interpolated between the two
+        knots around it): about the number of recent steps measured at that size."""
+        return np.interp(np.asarray(tokens, dtype=np.float64), self.knots, self.knot_weight)
+
+    @property
+    def ready(self) -> bool:
+        """Whether measurements at two different sizes at least exist (so a slope is known)."""
+        return int(np.count_nonzero(self.knot_weight > 0.5)) >= 2
+
+    def _solve(self) -> np.ndarray:
+        if self._coef is not None:
+            return self._coef
+        m = len(self.knots)
+        n = m + 2
+        a = self._gram + self.smoothing * self._penalty
+        b = self._moment
+        active = np.ones(n, dtype=bool)
+        coef = np.zeros(n)
+        # The context terms must not be negative (more context never makes a step faster):
+        # a negative one is fixed at zero and the rest refitted.
+        for _ in range(3):
+            idx = np.flatnonzero(active)
+            coef = np.zeros(n)
+            # Least squares, not a plain solve: what the data and the penalty leave open
+            # (a context term never varied, say) gets the minimum-norm answer, zero.
+            coef[idx] = np.linalg.lstsq(a[np.ix_(idx, idx)], b[idx], rcond=None)[0]
+            negative = [j for j in (m, m + 1) if active[j] and coef[j] < 0]
+            if not negative:
+                break
+            active[negative] = False
+        coef[m:] = np.maximum(coef[m:], 0.0)
+        self._coef = coef
+        return coef
+
+    # -- prediction -------------------------------------------------------------------------
+
+    def predict(self, tokens, context=0, pairs=0) -> np.ndarray:
+        """Predicted seconds of steps of these shapes (arrays broadcast against ``tokens``).
+
+        Raises:
+            InvalidArgumentError: nothing was measured yet.
+        """
+        if self.observations == 0:
+            raise InvalidArgumentError("the cost model has no measurement yet", field="cost")
+        coef = self._solve()
+        k, m = self.knots, len(self.knots)
+        tok = np.asarray(tokens, dtype=np.float64)
+        base = np.interp(tok, k, coef[:m])
+        slope = (coef[m - 1] - coef[m - 2]) / (k[-1] - k[-2])
+        base = base + np.maximum(tok - k[-1], 0.0) * slope  # linear beyond the last knot
+        ctx = np.asarray(context, dtype=np.float64) / _CONTEXT_UNIT
+        prs = np.asarray(pairs, dtype=np.float64) / _PAIRS_UNIT
+        return np.atleast_1d(base + coef[m] * ctx + coef[m + 1] * prs)
+
+    def curve(self, tokens: Iterable[int], context: int = 0) -> list[tuple[int, float]]:
+        """``(tokens, seconds)`` at the given sizes, for reports (``pairs`` from ``context``
+        as one request would have them)."""
+        sizes = [int(t) for t in tokens]
+        pairs = [t * (context + t) for t in sizes]
+        return [
+            (t, float(s)) for t, s in zip(sizes, self.predict(sizes, context, pairs), strict=True)
+        ]
+
+    # -- persistence ------------------------------------------------------------------------
+
+    @classmethod
+    def from_measurements(cls, rows: Iterable[Mapping[str, float]], **settings: float) -> CostModel:
+        """A model fitted to measured steps (without forgetting between them).
+
+        Args:
+            rows: mappings with ``tokens`` and ``seconds``, optionally ``context`` and
+                ``pairs`` (what ``scripts/gpu_cost_curve.py`` writes under ``"points"``).
+            settings: :class:`CostModel` arguments (``max_tokens`` defaults to the largest
+                measured size).
+        """
+        rows = list(rows)
+        if not rows:
+            raise InvalidArgumentError("no measurement given", field="rows")
+        settings.setdefault("max_tokens", max(int(r["tokens"]) for r in rows))
+        forgetting = settings.pop("forgetting", 0.998)
+        outlier_factor = settings.pop("outlier_factor", 3.0)
+        model = cls(forgetting=1.0, outlier_factor=math.inf, **settings)
+        for r in rows:
+            model.observe(
+                int(r["tokens"]),
+                float(r["seconds"]),
+                context=int(r.get("context", 0)),
+                pairs=int(r.get("pairs", 0)),
+            )
+        model.forgetting, model.outlier_factor = forgetting, outlier_factor
+        return model
+
+    def __repr__(self) -> str:
+        if not self.ready:
+            return f"CostModel(observations={self.observations}, not ready)"
+        pts = ", ".join(f"{t}:{s * 1e3:.1f}ms" for t, s in self.curve([1, 2, 4, 8, 16]))
+        return f"CostModel(observations={self.observations}, {pts})"
