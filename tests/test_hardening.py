@@ -487,7 +487,7 @@ def test_concurrent_snapshots_do_not_stall_steps(tmp_path: Path) -> None:
 
 
 def test_async_client_sends_its_token(auth_server: ServerProcess) -> None:
-    from lookahead_client.aio import AsyncRemoteDrafter
+    from lookahead_client.remote.aio import AsyncRemoteDrafter
     from remote_support import SyncFacade
 
     d = SyncFacade(AsyncRemoteDrafter(auth_server.unix_target, namespace="a", token="model-a"))
@@ -561,8 +561,8 @@ def _pki(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_mutual_tls_and_tokens(tmp_path: Path, tokens_file: Path) -> None:
-    from lookahead_client._remote_security import TlsSettings
     from lookahead_client.errors import UnavailableError
+    from lookahead_client.remote.security import TlsSettings
 
     pki = _pki(tmp_path)
     tls = TlsSettings(

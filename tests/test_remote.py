@@ -20,13 +20,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from lookahead_client import EmbeddedDrafter
-from lookahead_client.aio import AsyncRemoteDrafter
 from lookahead_client.errors import (
     InvalidArgumentError,
     LookaheadError,
     UnknownRequestError,
 )
 from lookahead_client.remote import RemoteDrafter
+from lookahead_client.remote.aio import AsyncRemoteDrafter
 from lookahead_client.server_process import ServerProcess
 from lookahead_client.types import DraftTree, StepRequest
 from remote_support import SERVER_NAMESPACE_BUDGET, SyncFacade, greedy_accept, repetitive_texts

@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
-from lookahead_client._remote_fallback import Availability
-from lookahead_client._remote_ledger import Ledger
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
+from lookahead_client.remote.fallback import Availability
+from lookahead_client.remote.ledger import Ledger
 from lookahead_client.types import DraftTree, StepRequest
 
 

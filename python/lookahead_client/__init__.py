@@ -18,9 +18,8 @@ from lookahead_client.errors import LookaheadError
 from lookahead_client.types import Drafter, DraftTree, StepRequest
 
 if TYPE_CHECKING:
-    from lookahead_client.aio import AsyncRemoteDrafter
     from lookahead_client.embedded import EmbeddedDrafter
-    from lookahead_client.remote import RemoteDrafter
+    from lookahead_client.remote import AsyncRemoteDrafter, RemoteDrafter
 
 __all__ = [
     "AsyncRemoteDrafter",
@@ -34,7 +33,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AsyncRemoteDrafter": "lookahead_client.aio",
+    "AsyncRemoteDrafter": "lookahead_client.remote",
     "EmbeddedDrafter": "lookahead_client.embedded",
     "RemoteDrafter": "lookahead_client.remote",
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from lookahead_client._remote_security import TlsSettings, tls_channel_options
+from lookahead_client.remote.security import TlsSettings, tls_channel_options
 
 __all__ = ["ServerProcess", "find_server_binary", "free_tcp_port"]
 

@@ -8,13 +8,13 @@ It offers what ``EmbeddedDrafter`` offers (``start``, ``step``, ``end``, ``stats
   while the server is down, steps do not wait on the network (it is probed with a backoff);
 * the client remembers every token of its active requests, so when the server comes back
   (possibly restarted, with no memory of them) it re-sends them and drafting resumes
-  (see ``_remote_ledger``);
+  (see :mod:`lookahead_client.remote.ledger`);
 * it is fork-safe (a channel per process, rebuilt after ``fork``) and picklable (for
   ``spawn``: only the settings travel);
 * bad input raises the typed exceptions of :mod:`lookahead_client.errors`, naming the field.
 
 Targets: ``host:port`` or ``unix:///path/to/socket``. The asyncio twin is
-:class:`lookahead_client.aio.AsyncRemoteDrafter`.
+:class:`lookahead_client.remote.aio.AsyncRemoteDrafter`.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ import grpc
 
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
-from lookahead_client._remote_fallback import Availability
-from lookahead_client._remote_ledger import Ledger, StepPlan
-from lookahead_client._remote_security import (
+from lookahead_client.errors import InvalidArgumentError, LookaheadError
+from lookahead_client.remote.fallback import Availability
+from lookahead_client.remote.ledger import Ledger, StepPlan
+from lookahead_client.remote.security import (
     TlsSettings,
     channel_credentials,
     tls_channel_options,
 )
-from lookahead_client._remote_wire import (
+from lookahead_client.remote.wire import (
     StepTimeout,
     channel_options,
     error_from_rpc,
@@ -47,7 +48,6 @@ from lookahead_client._remote_wire import (
     stats_dict,
     status_code,
 )
-from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.types import DraftTree, StepRequest
 
 __all__ = ["RemoteDrafter", "RemoteSettings", "StepTimeout", "fork_generation"]
@@ -95,7 +95,7 @@ class RemoteSettings:
             doubling from the first to the second).
         token: a bearer token for a server started with ``--auth-tokens`` (sent only over
             TLS or a local connection: a Unix socket or loopback TCP).
-        tls: TLS settings (:class:`~lookahead_client._remote_security.TlsSettings`) for a
+        tls: TLS settings (:class:`~lookahead_client.remote.security.TlsSettings`) for a
             server started with ``--tls-cert``; None: plaintext.
     """
 

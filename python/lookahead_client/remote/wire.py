@@ -1,6 +1,7 @@
 """The remote drafter's wire layer: targets, channel options, messages and error mapping.
 
-Everything here is free of I/O; ``remote.py`` (sync) and ``aio.py`` (asyncio) share it.
+Everything here is free of I/O; the synchronous (:mod:`.sync`) and asyncio (:mod:`.aio`)
+clients share it.
 """
 
 from __future__ import annotations

@@ -18,16 +18,16 @@ import grpc.aio
 
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
-from lookahead_client._remote_ledger import StepPlan
-from lookahead_client._remote_wire import (
+from lookahead_client.errors import LookaheadError
+from lookahead_client.remote.ledger import StepPlan
+from lookahead_client.remote.sync import RemoteSettings, abandon, rename_ingest_field
+from lookahead_client.remote.wire import (
     StepTimeout,
     error_from_rpc,
     ingest_messages,
     stats_dict,
     status_code,
 )
-from lookahead_client.errors import LookaheadError
-from lookahead_client.remote import RemoteSettings, abandon, rename_ingest_field
 from lookahead_client.types import DraftTree, StepRequest
 
 __all__ = ["AsyncRemoteDrafter"]

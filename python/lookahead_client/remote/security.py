@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from .errors import InvalidArgumentError
+from lookahead_client.errors import InvalidArgumentError
 
 __all__ = ["TlsSettings", "channel_credentials", "tls_channel_options"]
 

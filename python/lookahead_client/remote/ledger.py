@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import grpc
 
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
-from lookahead_client._remote_fallback import Availability
-from lookahead_client._remote_wire import (
+from lookahead_client.errors import InvalidArgumentError, LookaheadError
+from lookahead_client.remote.fallback import Availability
+from lookahead_client.remote.wire import (
     StepTimeout,
     describe,
     error_from_request_error,
@@ -34,7 +35,6 @@ from lookahead_client._remote_wire import (
     response_columns,
     server_tree,
 )
-from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.types import DraftTree, StepRequest
 
 __all__ = ["Exchange", "Ledger", "StepPlan"]
