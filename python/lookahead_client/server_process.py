@@ -10,9 +10,7 @@ the same addresses.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from lookahead_client.child_process import ChildProcess, find_binary, free_tcp_port
 from lookahead_client.remote.security import TlsSettings, tls_channel_options
 
 __all__ = ["ServerProcess", "find_server_binary", "free_tcp_port"]
@@ -34,31 +33,16 @@ def find_server_binary() -> str:
     Raises:
         FileNotFoundError: none was found (the message says how to get one).
     """
-    explicit = os.environ.get("LOOKAHEAD_SERVER_BIN")
-    if explicit:
-        if not os.access(explicit, os.X_OK):
-            raise FileNotFoundError(f"LOOKAHEAD_SERVER_BIN={explicit!r} is not an executable")
-        return explicit
-    on_path = shutil.which("lookahead-server")
-    if on_path:
-        return on_path
-    built = _REPO_ROOT / "target" / "release" / "lookahead-server"
-    if os.access(built, os.X_OK):
-        return str(built)
-    raise FileNotFoundError(
-        "no lookahead-server binary: set LOOKAHEAD_SERVER_BIN, install the package (console "
-        "script lookahead-server), or run `cargo build --release -p lookahead-server`"
+    return find_binary(
+        "lookahead-server",
+        "LOOKAHEAD_SERVER_BIN",
+        fallbacks=[str(_REPO_ROOT / "target" / "release" / "lookahead-server")],
+        hint="set LOOKAHEAD_SERVER_BIN, install the package (console script lookahead-server), "
+        "or run `cargo build --release -p lookahead-server`",
     )
 
 
-def free_tcp_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
+class ServerProcess(ChildProcess):
     """A ``lookahead-server`` child process listening on TCP and a Unix socket.
 
     Args:
@@ -79,14 +63,13 @@ class ServerProcess:
         unix: bool = True,
         tls: TlsSettings | None = None,
     ) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="lookahead-server-")
+        super().__init__("lookahead-server", os.path.join(self._dir.name, "server.log"))
         self.tls = tls
         self.binary = binary or find_server_binary()
         self.args = list(args)
-        self._dir = tempfile.TemporaryDirectory(prefix="lookahead-server-")
         self.port = free_tcp_port() if tcp else None
         self.socket_path = os.path.join(self._dir.name, "server.sock") if unix else None
-        self.log_path = os.path.join(self._dir.name, "server.log")
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def tcp_target(self) -> str:
@@ -113,12 +96,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         """Starts the server and waits until it answers health checks."""
-        if self.process is not None and self.process.poll() is None:
-            raise RuntimeError("the server is already running")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        self._spawn(self.command())
         self._wait_serving(timeout)
         return self
 
@@ -138,11 +116,7 @@ class ServerProcess:
         with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"lookahead-server exited with {self.process.returncode}:\n{self.log()}"
-                    )
+                self._raise_if_exited()
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -196,24 +170,6 @@ class ServerProcess:
         """Stops the server (SIGTERM) and starts a fresh one on the same addresses."""
         self.stop()
         return self.start(timeout)
-
-    @property
-    def pid(self) -> int:
-        """The server's process id."""
-        assert self.process is not None
-        return self.process.pid
-
-    def alive(self) -> bool:
-        """Whether the process is running."""
-        return self.process is not None and self.process.poll() is None
-
-    def log(self) -> str:
-        """Everything the server wrote (stdout and stderr)."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
 
     def close(self) -> None:
         """Stops the server if it runs (resuming it first if paused) and removes its files."""
