@@ -216,6 +216,29 @@ def test_a_running_request_drafts_on_the_other_servers_before_it_ends(
         assert trees(b, probes) == trees(alone, probes), "b's trie holds it once, as alone's"
 
 
+def test_drafts_on_one_server_calibrate_the_others(nats: NatsServerProcess) -> None:
+    """An engine's feedback on a's drafts (the tokens that came after each draft) calibrates b
+    too: b's scores equal those of a server that drafted and learnt it all alone."""
+    text = repetitive_texts(1, 400, seed=51)[0]
+    with ExitStack() as stack:
+        a, b = (stack.enter_context(cluster_server(nats.url, n)) for n in "ab")
+        open_namespace(b)
+        alone = stack.enter_context(ServerProcess())
+        open_namespace(alone)
+        for server in (a, alone):
+            with RemoteDrafter(server.tcp_target, namespace=NS, timeout=5.0) as d:
+                d.step([StepRequest("x", prompt=text[:20], budget=8)])
+                for i in range(20, len(text), 2):  # each step scores the draft before it
+                    d.step([StepRequest("x", new_tokens=text[i : i + 2], budget=8)])
+                d.step([StepRequest("x", budget=0, finished=True)])
+        consumed = f'lookahead_cluster_consumed_messages_total{{namespace="{NS}"}}'
+        published = "lookahead_cluster_published_messages_total"
+        time.sleep(0.5)  # the last calibration counts go out within 200 ms
+        wait_for(lambda: metrics(b)[consumed] == metrics(a)[published], 10, "b to consume all")
+        probes = repetitive_texts(3, 60, seed=51)
+        assert trees(b, probes) == trees(alone, probes)
+
+
 def test_namespaces_stay_apart_across_servers(nats: NatsServerProcess) -> None:
     secret = repetitive_texts(3, 400, seed=23)
     with ExitStack() as stack:
