@@ -166,6 +166,79 @@ def test_samples_of_one_prompt_on_two_servers_draft_from_each_other(
                 assert accepted == 0, "a server outside the cluster cannot know the sibling"
 
 
+def novel_text(seed: int, length: int) -> list[int]:
+    """Random tokens from a range no other test text uses: only learning can draft them."""
+    rng = random.Random(seed)
+    return [rng.randrange(5000, 9000) for _ in range(length)]
+
+
+def test_a_running_request_drafts_on_the_other_servers_before_it_ends(
+    nats: NatsServerProcess,
+) -> None:
+    """A request still running on a (in no group with anything on b): a request of another
+    prompt on b drafts the text a's request has written so far, as on one server; its end adds
+    nothing to b's trie that its steps had not brought."""
+    prompt, output = novel_text(31, 30), novel_text(32, 200)
+    consumed = f'lookahead_cluster_consumed_tokens_total{{namespace="{NS}"}}'
+    with ExitStack() as stack:
+        a, b = (stack.enter_context(cluster_server(nats.url, n)) for n in "ab")
+        open_namespace(b)
+        alone = stack.enter_context(ServerProcess())  # the same request, no cluster
+        open_namespace(alone)
+        with ExitStack() as engines:
+            on_a, on_alone = (
+                engines.enter_context(RemoteDrafter(s.tcp_target, namespace=NS, timeout=5.0))
+                for s in (a, alone)
+            )
+            for d in (on_a, on_alone):
+                d.step([StepRequest("running", prompt=prompt, budget=0)])
+                for i in range(0, len(output), 20):
+                    d.step([StepRequest("running", new_tokens=output[i : i + 20], budget=0)])
+            probe = output[100:]  # b's request: 40 tokens of it as its prompt, then the rest
+            total = len(prompt) + len(output)
+            wait_for(lambda: metrics(b).get(consumed) == total, 10, "b to get it while it runs")
+            accepted = draft_accepts(b, probe), draft_accepts(alone, probe)
+            assert accepted[0] >= 3, f"b drafts a's running text: {accepted}"
+            assert accepted[0] == accepted[1], f"as one server does: {accepted}"
+            for d in (on_a, on_alone):
+                d.step([StepRequest("running", budget=0, finished=True)])
+        published = "lookahead_cluster_published_messages_total"
+        wait_for(
+            lambda: (
+                metrics(b)[f'lookahead_cluster_consumed_messages_total{{namespace="{NS}"}}']
+                == metrics(a)[published]
+            ),
+            10,
+            "b to consume the end",
+        )
+        assert metrics(b)[consumed] == total, "the end added nothing"
+        probes = [prompt + output, output[60:], output[130:]]
+        assert trees(b, probes) == trees(alone, probes), "b's trie holds it once, as alone's"
+
+
+def test_drafts_on_one_server_calibrate_the_others(nats: NatsServerProcess) -> None:
+    """An engine's feedback on a's drafts (the tokens that came after each draft) calibrates b
+    too: b's scores equal those of a server that drafted and learnt it all alone."""
+    text = repetitive_texts(1, 400, seed=51)[0]
+    with ExitStack() as stack:
+        a, b = (stack.enter_context(cluster_server(nats.url, n)) for n in "ab")
+        open_namespace(b)
+        alone = stack.enter_context(ServerProcess())
+        open_namespace(alone)
+        for server in (a, alone):
+            with RemoteDrafter(server.tcp_target, namespace=NS, timeout=5.0) as d:
+                d.step([StepRequest("x", prompt=text[:20], budget=8)])
+                for i in range(20, len(text), 2):  # each step scores the draft before it
+                    d.step([StepRequest("x", new_tokens=text[i : i + 2], budget=8)])
+                d.step([StepRequest("x", budget=0, finished=True)])
+        consumed = f'lookahead_cluster_consumed_messages_total{{namespace="{NS}"}}'
+        published = "lookahead_cluster_published_messages_total"
+        time.sleep(0.5)  # the last calibration counts go out within 200 ms
+        wait_for(lambda: metrics(b)[consumed] == metrics(a)[published], 10, "b to consume all")
+        probes = repetitive_texts(3, 60, seed=51)
+        assert trees(b, probes) == trees(alone, probes)
+
+
 def test_namespaces_stay_apart_across_servers(nats: NatsServerProcess) -> None:
     secret = repetitive_texts(3, 400, seed=23)
     with ExitStack() as stack:
@@ -312,6 +385,64 @@ def test_a_killed_server_restarts_from_its_snapshot_and_the_stream(
         probes = texts[::3]
         assert trees(b, probes) == trees(reference, probes)
         assert not (tmp_path / "node-id").exists(), "--node-id given: no file written"
+
+
+def test_a_server_killed_while_a_request_runs_elsewhere_inserts_nothing_twice(
+    nats: NatsServerProcess, tmp_path: Path
+) -> None:
+    """b learns a running request of a step by step, is killed -9 midway (after a snapshot),
+    and restarts while the request goes on and ends: b's trie then holds the request's text
+    exactly once, as a server that ran it alone."""
+    prompt, output = novel_text(41, 30), novel_text(42, 600)
+    with ExitStack() as stack:
+        a = stack.enter_context(cluster_server(nats.url, "a"))
+        b = stack.enter_context(
+            cluster_server(nats.url, "b", "--snapshot-interval", "0.2", snapshot_dir=tmp_path)
+        )
+        reference = stack.enter_context(ServerProcess())
+        open_namespace(b)
+        open_namespace(reference)
+        applied = f'lookahead_cluster_applied_sequence{{namespace="{NS}"}}'
+        with ExitStack() as engines:
+            on_a, on_reference = (
+                engines.enter_context(RemoteDrafter(s.tcp_target, namespace=NS, timeout=5.0))
+                for s in (a, reference)
+            )
+
+            def write(start: int, end: int) -> None:
+                for d in (on_a, on_reference):
+                    for i in range(start, end, 10):
+                        d.step([StepRequest("x", new_tokens=output[i : i + 10], budget=0)])
+
+            for d in (on_a, on_reference):
+                d.step([StepRequest("x", prompt=prompt, budget=0)])
+            write(0, 200)
+            wait_for(lambda: metrics(b).get(applied, 0) > 0, 10, "b to apply running parts")
+            snap = tmp_path / f"ns-{NS}.snap"
+            wait_for(lambda: snap.exists(), 10, "b's snapshot")
+            time.sleep(0.5)  # a snapshot in the middle of the request
+            write(200, 300)  # perhaps in b's last snapshot, perhaps not
+            time.sleep(0.3)
+            assert b.process is not None
+            b.process.kill()
+            b.process.wait()
+            write(300, 500)  # while b is down
+            b.start()
+            assert "snapshot restored" in b.log()
+            write(500, 600)
+            for d in (on_a, on_reference):
+                d.step([StepRequest("x", budget=0, finished=True)])
+        wait_for(
+            lambda: (
+                metrics(b).get(f'lookahead_cluster_lag_messages{{namespace="{NS}"}}') == 0
+                and metrics(b)[applied] == metrics(a)[applied]
+            ),
+            30,
+            "b to catch up",
+        )
+        time.sleep(0.3)
+        probes = [prompt + output[:10], output[150:], output[250:], output[400:], output[540:]]
+        assert trees(b, probes) == trees(reference, probes)
 
 
 def test_junk_and_foreign_messages_are_counted_and_skipped(nats: NatsServerProcess) -> None:

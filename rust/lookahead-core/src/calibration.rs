@@ -13,9 +13,13 @@
 //! is smoothed toward a heuristic, and the pair (bucketed local-and-global estimate, sibling
 //! key) toward the noisy-OR of the two. Without sibling evidence the first stage is the
 //! estimate, unchanged.
+//!
+//! In a cluster every drafter also keeps the counts recorded since they were last taken, for
+//! the other drafters to add to theirs ([`Calibration::take_recorded`], [`Calibration::add`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::cluster::{CalibrationCount, CalibrationCounts};
 use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// What the request's own history says about a candidate.
@@ -205,17 +209,51 @@ impl Counter {
     }
 
     fn record(&self, hit: bool) {
+        self.add(1, u32::from(hit));
+    }
+
+    /// Adds `trials` and `hits` (at most `trials`).
+    fn add(&self, trials: u32, hits: u32) {
         // Saturation would bias the ratio; halve both instead (an exponential forgetting).
-        if self.trials.fetch_add(1, Ordering::Relaxed) >= u32::MAX / 2 {
+        let before = self.trials.fetch_add(trials, Ordering::Relaxed);
+        if before.saturating_add(trials) > u32::MAX / 2 {
             self.trials
                 .store(self.trials.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
             self.hits
                 .store(self.hits.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
         }
-        if hit {
-            self.hits.fetch_add(1, Ordering::Relaxed);
+        if hits > 0 {
+            self.hits.fetch_add(hits, Ordering::Relaxed);
         }
     }
+
+    /// Takes the counts, leaving zeros.
+    fn take(&self) -> (u32, u32) {
+        let trials = self.trials.swap(0, Ordering::Relaxed);
+        // A record between the two swaps may leave its hit without its trial: never more
+        // hits than trials.
+        (trials, self.hits.swap(0, Ordering::Relaxed).min(trials))
+    }
+}
+
+/// Where each table starts when all are counted in turn (as [`CalibrationCounts`] do).
+const LOCAL_AT: usize = 0;
+const GLOBAL_AT: usize = LOCAL_AT + LOCAL_KEYS;
+const PAIR_AT: usize = GLOBAL_AT + GLOBAL_KEYS;
+const SIBLING_AT: usize = PAIR_AT + LOCAL_KEYS * GLOBAL_KEYS;
+const COMBINED_AT: usize = SIBLING_AT + SIBLING_KEYS;
+/// Counters in all tables: the layout [`CalibrationCounts`] must have to apply here.
+const COUNTERS: usize = COMBINED_AT + BASE_BUCKETS * SIBLING_KEYS;
+/// The most trials one count may add (counts of one counter above it are refused).
+const MAX_ADDED_TRIALS: u32 = u32::MAX / 4;
+
+/// Why calibration counts cannot be applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CountsError {
+    /// Taken from tables of another layout (another build).
+    Layout,
+    /// A counter index out of range, more hits than trials, or too many trials.
+    Count,
 }
 
 /// The learnt tables. Lock-free: concurrent updates may interleave, which only blurs counts.
@@ -226,17 +264,23 @@ pub(crate) struct Calibration {
     sibling: Box<[Counter]>,
     /// Second stage: (first-stage bucket, sibling key).
     combined: Box<[Counter]>,
+    /// Counts recorded since last taken, every table's in turn (in a cluster only).
+    recorded: Option<Box<[Counter]>>,
+}
+
+fn table(n: usize) -> Box<[Counter]> {
+    (0..n).map(|_| Counter::default()).collect()
 }
 
 impl Default for Calibration {
     fn default() -> Self {
-        let table = |n: usize| (0..n).map(|_| Counter::default()).collect::<Box<[_]>>();
         Self {
             local: table(LOCAL_KEYS),
             global: table(GLOBAL_KEYS),
             pair: table(LOCAL_KEYS * GLOBAL_KEYS),
             sibling: table(SIBLING_KEYS),
             combined: table(BASE_BUCKETS * SIBLING_KEYS),
+            recorded: None,
         }
     }
 }
@@ -259,8 +303,67 @@ impl Calibration {
 
     /// Heap bytes of the tables.
     pub fn heap_bytes(&self) -> usize {
-        let counters: usize = self.tables().iter().map(|t| t.len()).sum();
-        counters * size_of::<Counter>()
+        let recorded = self.recorded.as_ref().map_or(0, |r| r.len());
+        (COUNTERS + recorded) * size_of::<Counter>()
+    }
+
+    /// The same tables, also keeping the counts recorded from now on for
+    /// [`Self::take_recorded`].
+    pub fn recording(mut self) -> Self {
+        self.recorded = Some(table(COUNTERS));
+        self
+    }
+
+    /// The counts recorded since the last call (with [`Self::recording`]), `None` if none.
+    pub fn take_recorded(&self) -> Option<CalibrationCounts> {
+        let recorded = self.recorded.as_ref()?;
+        let counts: Vec<CalibrationCount> = recorded
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.trials.load(Ordering::Relaxed) > 0)
+            .map(|(index, c)| {
+                let (trials, hits) = c.take();
+                CalibrationCount {
+                    index: index as u32,
+                    trials,
+                    hits,
+                }
+            })
+            .filter(|c| c.trials > 0)
+            .collect();
+        (!counts.is_empty()).then_some(CalibrationCounts {
+            layout: COUNTERS as u32,
+            counts,
+        })
+    }
+
+    /// Adds counts another drafter recorded (not recorded here again). Checked whole first:
+    /// refused counts change nothing.
+    pub fn add(&self, counts: &CalibrationCounts) -> Result<(), CountsError> {
+        if counts.layout as usize != COUNTERS {
+            return Err(CountsError::Layout);
+        }
+        let valid = |c: &CalibrationCount| {
+            (c.index as usize) < COUNTERS && c.hits <= c.trials && c.trials <= MAX_ADDED_TRIALS
+        };
+        if !counts.counts.iter().all(valid) {
+            return Err(CountsError::Count);
+        }
+        for c in &counts.counts {
+            self.counter(c.index as usize).add(c.trials, c.hits);
+        }
+        Ok(())
+    }
+
+    /// Counter `index` of all tables in turn.
+    fn counter(&self, mut index: usize) -> &Counter {
+        for table in self.tables() {
+            if index < table.len() {
+                return &table[index];
+            }
+            index -= table.len();
+        }
+        unreachable!("counter index checked against COUNTERS")
     }
 
     /// Probability that a candidate with this evidence is accepted given its parent is, and
@@ -328,18 +431,28 @@ impl Calibration {
 
     /// Records whether a candidate with these keys was accepted.
     pub fn record(&self, keys: Keys, hit: bool) {
+        let count = |table: &[Counter], offset: usize, i: usize| {
+            table[i].record(hit);
+            if let Some(recorded) = &self.recorded {
+                recorded[offset + i].record(hit);
+            }
+        };
         let (lk, gk) = (keys.local as usize, keys.global as usize);
         if lk != 0 {
-            self.local[lk].record(hit);
+            count(&self.local, LOCAL_AT, lk);
         }
         if gk != 0 {
-            self.global[gk].record(hit);
+            count(&self.global, GLOBAL_AT, gk);
         }
-        self.pair[lk * GLOBAL_KEYS + gk].record(hit);
+        count(&self.pair, PAIR_AT, lk * GLOBAL_KEYS + gk);
         if keys.sibling != 0 {
             let sk = keys.sibling as usize;
-            self.sibling[sk].record(hit);
-            self.combined[keys.base as usize * SIBLING_KEYS + sk].record(hit);
+            count(&self.sibling, SIBLING_AT, sk);
+            count(
+                &self.combined,
+                COMBINED_AT,
+                keys.base as usize * SIBLING_KEYS + sk,
+            );
         }
     }
 }

@@ -1,8 +1,9 @@
 //! What a drafter hands to, and takes from, the other drafters of a cluster: the texts it
-//! learnt from ([`LearnedText`]: every server's shared statistics learn all of them) and the
-//! new tokens of group members ([`GroupUpdate`]: servers running other members of the group
-//! draft from them). Transport is the server's business; the core only records, bounded, and
-//! applies.
+//! learnt from ([`LearnedText`]: every server's shared statistics learn all of them, running
+//! requests' text step by step), the acceptance feedback its calibration learnt from
+//! ([`CalibrationCounts`]) and the new tokens of group members ([`GroupUpdate`]: servers
+//! running other members of the group draft from them). Transport is the server's business;
+//! the core only records, bounded, and applies.
 
 use std::collections::VecDeque;
 
@@ -23,19 +24,65 @@ pub enum LearnedText {
         finished: bool,
         /// The group name the request was started with (`None`: its group is its prompt).
         group: Option<String>,
+        /// The request's id on its drafter (the one its [`LearnedText::Running`] parts name).
+        request: String,
+        /// Tokens at the start of prompt + output that went out before as
+        /// [`LearnedText::Running`] parts: only the rest goes into the trie with this text.
+        streamed: usize,
     },
     /// A document given to `ingest`.
     Document(Vec<Token>),
+    /// New tokens of a running request (its prompt first, then its outputs), as they went into
+    /// the shared trie at a step: other drafters' tries learn them while it runs, as one
+    /// drafter's trie does. The request's [`LearnedText::Request`] follows when it ends.
+    Running {
+        /// The request's id on its drafter.
+        request: String,
+        /// Position of `tokens[0]` in the request's text (prompt, then output).
+        offset: usize,
+        /// The new tokens.
+        tokens: Vec<Token>,
+        /// Where the output of a prompt sampled more than once starts in the text (kept in
+        /// the trie at more orders at once), if the request's prompt is such a prompt.
+        shared_from: Option<usize>,
+    },
+    /// Acceptance feedback the drafter's calibration learnt from (see
+    /// [`crate::Drafter::take_calibration`]).
+    Calibration(CalibrationCounts),
 }
 
 impl LearnedText {
-    /// Tokens it carries.
+    /// Tokens it carries (0 for calibration counts).
     pub fn tokens(&self) -> usize {
         match self {
             Self::Request { prompt, output, .. } => prompt.len() + output.len(),
-            Self::Document(tokens) => tokens.len(),
+            Self::Document(tokens) | Self::Running { tokens, .. } => tokens.len(),
+            Self::Calibration(_) => 0,
         }
     }
+}
+
+/// Counts of the acceptance calibration recorded since they were last taken: what engines
+/// reported back to one drafter, for the others to add to theirs, so that every drafter of a
+/// cluster calibrates on the whole cluster's feedback as one drafter would.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CalibrationCounts {
+    /// Counters in the calibration tables of the drafter that took them: counts apply only to
+    /// tables of the same layout.
+    pub layout: u32,
+    /// The counters that changed, by index.
+    pub counts: Vec<CalibrationCount>,
+}
+
+/// Trials and hits to add to one calibration counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CalibrationCount {
+    /// The counter (below [`CalibrationCounts::layout`]).
+    pub index: u32,
+    /// Candidates with this evidence scored against the true tokens.
+    pub trials: u32,
+    /// Those that were the true token (at most `trials`).
+    pub hits: u32,
 }
 
 /// New output tokens of a group member, for the servers running other members of its group.

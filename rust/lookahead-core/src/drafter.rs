@@ -3,8 +3,8 @@
 //! Locking: the shared trie sits behind a read-write lock (drafts read, inserts write); each
 //! request and each group behind its own mutex; the request and group tables behind mutexes
 //! held only to look up, add or remove entries. Lock order, where several are held: request
-//! table, trie, a request, group table, a group, sibling responses, outboxes. Inserts of a
-//! whole step are applied after its drafts, in one write section.
+//! table, trie, remote texts, a request, group table, a group, sibling responses, outboxes.
+//! Inserts of a whole step are applied after its drafts, in one write section.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,14 +15,18 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::Token;
 use crate::calibration::Calibration;
-use crate::cluster::{GroupUpdate, LearnedText, Outbox};
+use crate::cluster::{CalibrationCounts, GroupUpdate, LearnedText, Outbox};
 use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::group::{Group, GroupKey, MAX_GROUP_NAME_BYTES, member_key};
+use crate::remote_text::RemoteTexts;
 use crate::request::{LastDraft, RequestState, TrieCursor};
 use crate::siblings::SiblingResponses;
-use crate::snapshot::{Reader, SnapshotError, Writer, frame, unframe};
+use crate::snapshot::{
+    Reader, SNAPSHOT_VERSION, SNAPSHOT_VERSION_WITHOUT_CLUSTER, SnapshotError, Writer, frame,
+    unframe,
+};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
@@ -116,6 +120,8 @@ pub struct Drafter {
     learned: Mutex<Outbox<LearnedText>>,
     /// New tokens of group members, for the other drafters of a cluster.
     group_updates: Mutex<Outbox<GroupUpdate>>,
+    /// Where other drafters' running requests stand in the trie (their running parts).
+    remote: Mutex<RemoteTexts>,
     counters: Counters,
 }
 
@@ -132,7 +138,9 @@ impl Drafter {
     /// A drafter with nothing learnt yet.
     pub fn new(config: DrafterConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let calibration = Calibration::default();
+        let calibration = Self::calibration_for(&config, Calibration::default());
+        let remote_entries =
+            config.memory_budget_bytes / 256 / RemoteTexts::entry_bytes(config.max_ngram);
         let drafter = Self {
             trie: RwLock::new(NgramTrie::new(config.max_ngram, 0)),
             requests: Mutex::new(HashMap::new()),
@@ -145,6 +153,7 @@ impl Drafter {
             group_bytes: AtomicUsize::new(0),
             learned: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
             group_updates: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
+            remote: Mutex::new(RemoteTexts::new(remote_entries.max(16), config.max_ngram)),
             counters: Counters::default(),
             calibration,
             config,
@@ -158,6 +167,15 @@ impl Drafter {
         &self.config
     }
 
+    /// The calibration tables, recording what they learn for the cluster if the drafter does.
+    fn calibration_for(config: &DrafterConfig, calibration: Calibration) -> Calibration {
+        if config.record_for_cluster {
+            calibration.recording()
+        } else {
+            calibration
+        }
+    }
+
     /// Tokens each cluster outbox holds at most: 1/64 of the budget.
     fn outbox_tokens(config: &DrafterConfig) -> usize {
         config.memory_budget_bytes / 64 / size_of::<Token>()
@@ -165,15 +183,16 @@ impl Drafter {
 
     /// Trie nodes allowed now: what the budget leaves after requests and fixed tables.
     fn trie_node_limit(&self, trie: &NgramTrie) -> usize {
-        let outboxes = if self.config.record_for_cluster {
+        let cluster = if self.config.record_for_cluster {
             2 * Self::outbox_tokens(&self.config) * size_of::<Token>()
+                + self.remote.lock().heap_bytes()
         } else {
             0
         };
         let fixed = self.calibration.heap_bytes()
             + self.siblings.lock().heap_bytes()
             + trie.unigram_table_bytes()
-            + outboxes
+            + cluster
             + (64 << 10);
         let used = fixed + self.request_bytes.load(Ordering::Relaxed);
         self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
@@ -251,7 +270,7 @@ impl Drafter {
     /// Bulk-loads a finished text (a past output, a document) into the shared trie.
     pub fn ingest(&self, tokens: &[Token]) -> Result<(), DraftError> {
         self.check_tokens("tokens", tokens)?;
-        self.insert_text(tokens, usize::MAX);
+        self.insert_text(tokens, 0, usize::MAX);
         if self.config.record_for_cluster {
             self.learned
                 .lock()
@@ -260,10 +279,11 @@ impl Drafter {
         Ok(())
     }
 
-    /// Inserts a whole text into the shared trie (see [`TrieCursor::insert`] for
-    /// `shared_from`), in chunks, so that drafts of other requests get the trie between them.
-    fn insert_text(&self, text: &[Token], shared_from: usize) {
-        let mut cursor = TrieCursor::new(self.config.max_ngram);
+    /// Inserts a text from position `from` (what comes before is its context) into the
+    /// shared trie (see [`TrieCursor::insert`] for `shared_from`), in chunks, so that drafts
+    /// of other requests get the trie between them.
+    fn insert_text(&self, text: &[Token], from: usize, shared_from: usize) {
+        let mut cursor = TrieCursor::starting_at(self.config.max_ngram, from);
         while cursor.inserted() < text.len() {
             let end = (cursor.inserted() + INGEST_CHUNK).min(text.len());
             let mut trie = self.trie.write();
@@ -272,45 +292,95 @@ impl Drafter {
         }
         self.counters
             .tokens_ingested
-            .fetch_add(text.len() as u64, Ordering::Relaxed);
+            .fetch_add((text.len() - from) as u64, Ordering::Relaxed);
     }
 
-    /// The texts learnt since the last call, oldest first: requests that ended and ingested
-    /// documents. Empty unless [`DrafterConfig::record_for_cluster`]; bounded (past 1/64 of
-    /// the memory budget the oldest are dropped, counted in [`Stats::cluster_dropped`]).
+    /// The texts learnt since the last call, oldest first: ingested documents, the new tokens
+    /// of running requests at every step, requests that ended. Empty unless
+    /// [`DrafterConfig::record_for_cluster`]; bounded (past 1/64 of the memory budget the
+    /// oldest are dropped, counted in [`Stats::cluster_dropped`]).
     pub fn take_learned(&self) -> Vec<LearnedText> {
         self.learned.lock().take()
     }
 
-    /// Applies a text another drafter learnt, so that this one learns the same: its shared
-    /// trie gets the text as that drafter's did, and a finished output becomes a sibling
-    /// response of its group. Not recorded for the cluster again. Applying a text twice
-    /// counts it twice: keeping track of what was applied is the caller's job.
-    pub fn apply_learned(&self, text: &LearnedText) -> Result<(), DraftError> {
+    /// The calibration counts recorded since the last call (engines' feedback on this
+    /// drafter's drafts), as a text to apply elsewhere; `None` when there are none or without
+    /// [`DrafterConfig::record_for_cluster`]. Counts applied from elsewhere are not included.
+    pub fn take_calibration(&self) -> Option<LearnedText> {
+        self.calibration
+            .take_recorded()
+            .map(LearnedText::Calibration)
+    }
+
+    /// Applies a text another drafter learnt (`origin` names that drafter), so that this one
+    /// learns the same: its shared trie gets the text as that drafter's did (a running
+    /// request's parts step by step, then the rest of it when it ends), a finished output
+    /// becomes a sibling response of its group, calibration counts add to this drafter's.
+    /// Not recorded for the cluster again. Applying a text twice counts it twice: keeping
+    /// track of what was applied is the caller's job.
+    pub fn apply_learned(&self, origin: &str, text: &LearnedText) -> Result<(), DraftError> {
         match text {
             LearnedText::Document(tokens) => {
                 self.check_tokens("tokens", tokens)?;
-                self.insert_text(tokens, usize::MAX);
+                self.insert_text(tokens, 0, usize::MAX);
             }
             LearnedText::Request {
                 prompt,
                 output,
                 finished,
                 group,
+                request,
+                streamed,
             } => {
                 self.check_tokens("prompt", prompt)?;
                 self.check_tokens("output", output)?;
                 let key = group_key(group.as_deref(), prompt)?;
+                self.remote.lock().remove(member_key(origin, request));
                 let shared =
                     self.groups.lock().contains_key(&key) || self.siblings.lock().contains(key);
                 let text: Vec<Token> = prompt.iter().chain(output).copied().collect();
-                self.insert_text(&text, if shared { prompt.len() } else { usize::MAX });
+                let from = (*streamed).min(text.len());
+                self.insert_text(&text, from, if shared { prompt.len() } else { usize::MAX });
                 if *finished {
                     self.siblings.lock().record(key, output.as_slice().into());
                 }
             }
+            LearnedText::Running {
+                request,
+                offset,
+                tokens,
+                shared_from,
+            } => {
+                self.check_tokens("tokens", tokens)?;
+                let key = member_key(origin, request);
+                let shared_from = shared_from.unwrap_or(usize::MAX);
+                for (i, chunk) in tokens.chunks(INGEST_CHUNK).enumerate() {
+                    let mut trie = self.trie.write();
+                    self.refresh_node_limit(&mut trie);
+                    let at = offset.saturating_add(i * INGEST_CHUNK);
+                    self.remote
+                        .lock()
+                        .insert(&mut trie, key, at, chunk, shared_from);
+                }
+                self.counters
+                    .tokens_ingested
+                    .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            }
+            LearnedText::Calibration(counts) => self.apply_calibration(counts)?,
         }
         Ok(())
+    }
+
+    fn apply_calibration(&self, counts: &CalibrationCounts) -> Result<(), DraftError> {
+        use crate::calibration::CountsError;
+        self.calibration
+            .add(counts)
+            .map_err(|e| DraftError::CalibrationCounts {
+                reason: match e {
+                    CountsError::Layout => "taken from calibration tables of another layout",
+                    CountsError::Count => "a counter out of range or with more hits than trials",
+                },
+            })
     }
 
     /// New output tokens of the members of every group since the last call, oldest first.
@@ -370,15 +440,44 @@ impl Drafter {
         }
     }
 
-    /// The learnt state (shared trie, calibration, sibling responses) as snapshot bytes.
-    /// Active requests are not included. Drafts go on meanwhile; inserts wait for it.
+    /// Records for the cluster what a running request's step queued for the shared trie: its
+    /// text since the last part (nothing once it ended: its ended text carries the rest).
+    /// Recorded when queued, not when inserted, so that it can go out as soon as the step is
+    /// answered.
+    fn record_running(&self, state: &mut RequestState) {
+        let Some(streamed) = state.streamed else {
+            return;
+        };
+        let written = state.own_text().len();
+        if written <= streamed {
+            return;
+        }
+        let shared_from = self.output_start_if_shared(state);
+        let part = LearnedText::Running {
+            request: state.id.clone(),
+            offset: streamed,
+            tokens: state.own_text()[streamed..].to_vec(),
+            shared_from: (shared_from != usize::MAX).then(|| shared_from - state.prefix_len),
+        };
+        state.streamed = Some(written);
+        self.learned.lock().push(part, written - streamed);
+    }
+
+    /// The learnt state (shared trie, calibration, sibling responses; in a cluster also where
+    /// other drafters' running requests stand in the trie) as snapshot bytes. Active requests
+    /// are not included. Drafts go on meanwhile; inserts wait for it.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.u32(self.config.max_ngram as u32);
-        self.trie.read().encode(&mut w);
+        let trie = self.trie.read();
+        trie.encode(&mut w);
         self.calibration.encode(&mut w);
         self.siblings.lock().encode(&mut w);
-        frame(&w.buf)
+        if !self.config.record_for_cluster {
+            return frame(&w.buf, SNAPSHOT_VERSION_WITHOUT_CLUSTER);
+        }
+        self.remote.lock().encode(&mut w);
+        frame(&w.buf, SNAPSHOT_VERSION)
     }
 
     /// A drafter with `config` and the learnt state of a snapshot. The snapshot is checked
@@ -397,9 +496,14 @@ impl Drafter {
         }
         let limit = drafter.trie_node_limit(&drafter.trie.read());
         let trie = NgramTrie::decode(&mut r, drafter.config.max_ngram, limit)?;
-        drafter.calibration = Calibration::decode(&mut r, version)?;
+        let calibration = Calibration::decode(&mut r, version)?;
+        drafter.calibration = Self::calibration_for(&drafter.config, calibration);
         let max_sibling_tokens = drafter.siblings.get_mut().max_tokens();
         drafter.siblings = Mutex::new(SiblingResponses::decode(&mut r, max_sibling_tokens)?);
+        if version >= 3 {
+            let remote = drafter.remote.get_mut();
+            *remote = RemoteTexts::decode(&mut r, remote.max_entries(), drafter.config.max_ngram)?;
+        }
         if !r.is_empty() {
             return Err(SnapshotError::Corrupt("bytes left after the last section"));
         }
@@ -419,7 +523,8 @@ impl Drafter {
             memory_bytes: trie_bytes
                 + self.request_bytes.load(Ordering::Relaxed)
                 + self.calibration.heap_bytes()
-                + self.siblings.lock().heap_bytes(),
+                + self.siblings.lock().heap_bytes()
+                + self.remote.lock().heap_bytes(),
             memory_budget_bytes: self.config.memory_budget_bytes,
             trie_bytes_per_node: trie_bytes as f64 / trie.live_nodes().max(1) as f64,
             evicted_nodes: trie.evicted(),
@@ -546,12 +651,18 @@ impl Drafter {
         state.accounted_bytes = 0;
         self.leave_group(&state, finished);
         if self.config.record_for_cluster {
+            // Tokens of the ending step go out as a part too: out of its group now, the
+            // request's queued inserts keep the trie orders they get here.
+            self.record_running(&mut state);
+            let streamed = state.streamed.take().unwrap_or(0);
             let own = state.own_text();
             let text = LearnedText::Request {
                 prompt: own[..state.prompt_len].to_vec(),
                 output: state.response().to_vec(),
                 finished,
                 group: state.group_name.clone(),
+                request: request_id.to_owned(),
+                streamed,
             };
             self.learned.lock().push(text, own.len());
         }
@@ -593,9 +704,11 @@ impl Drafter {
     }
 
     /// Ends every request no step has touched for `max_idle` (an engine that went away without
-    /// ending them). Their text stays in the shared trie. Returns how many were ended.
+    /// ending them). Their text stays in the shared trie. Returns how many were ended. Other
+    /// drafters' running requests no part reached for as long are forgotten too.
     pub fn expire_idle(&self, max_idle: Duration) -> usize {
         let now = Instant::now();
+        self.remote.lock().expire(now, max_idle);
         let idle: Vec<String> = self
             .requests
             .lock()
@@ -667,6 +780,7 @@ impl Drafter {
         let mut state = RequestState::new(self.config.max_ngram, &history, group, member);
         state.append(prompt, &self.calibration);
         state.prompt_len = prompt.len();
+        state.id = request_id.to_owned();
         state.group_key = key;
         state.group_name = name.map(str::to_owned);
         let mut requests = self.requests.lock();
@@ -714,6 +828,9 @@ impl Drafter {
                 if state.pending() > 0 && !state.queued {
                     state.queued = true;
                     pending.push(request.clone());
+                }
+                if self.config.record_for_cluster {
+                    self.record_running(&mut state);
                 }
             }
         }

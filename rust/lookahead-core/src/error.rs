@@ -58,6 +58,12 @@ pub enum DraftError {
         /// The most bytes allowed.
         max: usize,
     },
+    /// Calibration counts of another drafter that do not fit this one's tables.
+    #[error("calibration counts refused: {reason}")]
+    CalibrationCounts {
+        /// What is wrong with them.
+        reason: &'static str,
+    },
     /// Active requests alone would use more than their share of the memory budget.
     #[error("memory budget exhausted: active requests need {needed} bytes, allowed {budget}")]
     MemoryExhausted {
@@ -76,6 +82,7 @@ impl DraftError {
             Self::TokenOutOfRange { field, .. } => field,
             Self::BudgetTooLarge { .. } => "budget",
             Self::GroupNameTooLong { .. } => "group",
+            Self::CalibrationCounts { .. } => "calibration",
             Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => "tokens",
         }
     }

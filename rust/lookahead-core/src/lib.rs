@@ -15,6 +15,7 @@ mod error;
 mod group;
 mod group_index;
 mod hashing;
+mod remote_text;
 mod request;
 mod siblings;
 mod snapshot;
@@ -22,7 +23,7 @@ mod suffix_automaton;
 mod tree;
 mod trie;
 
-pub use cluster::{GroupUpdate, LearnedText};
+pub use cluster::{CalibrationCount, CalibrationCounts, GroupUpdate, LearnedText};
 pub use config::{ConfigError, DrafterConfig};
 pub use drafter::{Drafter, Stats, StepItem};
 pub use error::DraftError;

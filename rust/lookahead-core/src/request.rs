@@ -42,6 +42,8 @@ pub(crate) struct LastDraft {
 /// One active request: its own index, its place in the shared trie, its last draft.
 #[derive(Debug)]
 pub(crate) struct RequestState {
+    /// The engine's id of the request.
+    pub id: String,
     pub sam: SuffixAutomaton,
     /// Tokens of sibling responses (and separators) before the request's own text.
     pub prefix_len: usize,
@@ -61,6 +63,9 @@ pub(crate) struct RequestState {
     pub cursor: TrieCursor,
     /// Whether the request sits in the drafter's queue of pending inserts.
     pub queued: bool,
+    /// Tokens of its own text recorded for the cluster as running parts so far; `None` once
+    /// it ended (its ended text carries the rest).
+    pub streamed: Option<usize>,
     /// Heap bytes last reported to the drafter's total.
     pub accounted_bytes: usize,
     pub last_draft: LastDraft,
@@ -84,6 +89,7 @@ impl RequestState {
         }
         let prefix_len = sam.text().len();
         Self {
+            id: String::new(),
             sam,
             prefix_len,
             prompt_len: 0,
@@ -94,6 +100,7 @@ impl RequestState {
             anchor: Anchor::default(),
             cursor: TrieCursor::starting_at(max_depth, prefix_len),
             queued: false,
+            streamed: Some(0),
             accounted_bytes: 0,
             last_draft: LastDraft::default(),
             last_used: std::time::Instant::now(),
@@ -174,6 +181,11 @@ impl TrieCursor {
     /// Tokens of the text already inserted.
     pub fn inserted(&self) -> usize {
         self.inserted
+    }
+
+    /// The text lost its first `tokens` tokens (already inserted): positions move down.
+    pub fn rebase(&mut self, tokens: usize) {
+        self.inserted -= tokens;
     }
 
     /// Inserts `text[self.inserted()..end]` into the trie (under its write lock); `text` is the

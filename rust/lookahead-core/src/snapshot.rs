@@ -13,8 +13,11 @@ use crate::config::ConfigError;
 /// The magic bytes that open every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"LKAHSNAP";
 /// The snapshot format this build writes; it reads this one and every earlier one (format 1
-/// had no sibling calibration).
-pub const SNAPSHOT_VERSION: u32 = 2;
+/// had no sibling calibration; format 2 has no place of other drafters' running requests, and
+/// is still what a drafter outside a cluster writes).
+pub const SNAPSHOT_VERSION: u32 = 3;
+/// The format a drafter outside a cluster writes: the same bytes as before format 3.
+pub(crate) const SNAPSHOT_VERSION_WITHOUT_CLUSTER: u32 = 2;
 
 /// Why a snapshot was refused.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -115,13 +118,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Frames a payload: magic, version, length, payload, checksum.
-pub(crate) fn frame(payload: &[u8]) -> Vec<u8> {
+/// Frames a payload of format `version`: magic, version, length, payload, checksum.
+pub(crate) fn frame(payload: &[u8], version: u32) -> Vec<u8> {
     let mut w = Writer {
         buf: Vec::with_capacity(payload.len() + 24),
     };
     w.buf.extend_from_slice(SNAPSHOT_MAGIC);
-    w.u32(SNAPSHOT_VERSION);
+    w.u32(version);
     w.len(payload.len());
     w.buf.extend_from_slice(payload);
     w.u32(crc32fast::hash(payload));

@@ -222,13 +222,27 @@ fn a_drafter_applying_what_another_learnt_learns_the_same() {
         a.end(&id).unwrap();
     }
     let learned = a.take_learned();
-    assert_eq!(learned.len(), 4);
     assert!(matches!(&learned[0], LearnedText::Document(t) if t.len() == 50));
+    let ended: Vec<&LearnedText> = learned
+        .iter()
+        .filter(|t| matches!(t, LearnedText::Request { .. }))
+        .collect();
+    assert_eq!(ended.len(), 3);
     assert!(
-        matches!(&learned[1], LearnedText::Request { finished: true, output, .. } if output.len() == 60)
+        matches!(ended[0], LearnedText::Request { finished: true, output, streamed: 63, .. } if output.len() == 60),
+        "the whole text went out while it ran: {:?}",
+        ended[0]
+    );
+    let running = learned
+        .iter()
+        .filter(|t| matches!(t, LearnedText::Running { .. }));
+    assert_eq!(
+        running.count(),
+        6,
+        "the prompt's step and the output's, per request"
     );
     for text in &learned {
-        b.apply_learned(text).unwrap();
+        b.apply_learned("node-a", text).unwrap();
     }
     assert!(
         b.take_learned().is_empty(),

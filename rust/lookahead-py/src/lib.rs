@@ -27,7 +27,8 @@ fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
         DraftError::RequestAlreadyActive { .. } => "RequestAlreadyActiveError",
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
-        | DraftError::GroupNameTooLong { .. } => "InvalidArgumentError",
+        | DraftError::GroupNameTooLong { .. }
+        | DraftError::CalibrationCounts { .. } => "InvalidArgumentError",
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
             "ResourceExhaustedError"
         }

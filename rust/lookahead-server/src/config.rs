@@ -320,7 +320,8 @@ pub struct Cli {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size, help_heading = "Cluster")]
     pub cluster_buffer: usize,
 
-    /// Milliseconds between two batches of learnt texts (per namespace).
+    /// The most milliseconds between two batches of learnt texts (per namespace); batches also
+    /// go out right after steps while none waits to be sent.
     #[arg(
         long,
         value_name = "MS",
@@ -424,7 +425,7 @@ pub struct ClusterConfig {
     pub replicas: usize,
     /// Bound of the outgoing buffer, in bytes.
     pub buffer_bytes: usize,
-    /// Time between batches.
+    /// The longest time between two batches.
     pub batch_interval: Duration,
 }
 

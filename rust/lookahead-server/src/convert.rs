@@ -72,7 +72,8 @@ pub fn core_error(context: &str, error: &DraftError) -> RequestError {
         DraftError::RequestAlreadyActive { .. } => ErrorCode::RequestAlreadyActive,
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
-        | DraftError::GroupNameTooLong { .. } => ErrorCode::InvalidArgument,
+        | DraftError::GroupNameTooLong { .. }
+        | DraftError::CalibrationCounts { .. } => ErrorCode::InvalidArgument,
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
             ErrorCode::ResourceExhausted
         }

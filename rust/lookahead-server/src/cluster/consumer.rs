@@ -180,12 +180,12 @@ async fn handle(
             let tokens: u64 = batch.texts.iter().map(wire::text_tokens).sum();
             let made_ms = batch.made_unix_ms;
             let texts: Vec<_> = batch.texts.into_iter().filter_map(text_from_wire).collect();
-            let target = Arc::clone(ns);
+            let (target, origin) = (Arc::clone(ns), batch.origin);
             let outcome = tokio::task::spawn_blocking(move || {
                 target.apply_replicated(seq, |drafter| {
                     texts
                         .iter()
-                        .filter(|text| drafter.apply_learned(text).is_err())
+                        .filter(|text| drafter.apply_learned(&origin, text).is_err())
                         .count()
                 })
             })

@@ -22,7 +22,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::config::ClusterConfig;
@@ -89,10 +89,15 @@ impl Cluster {
             config,
         });
         let mut tasks = JoinSet::new();
+        let (groups_wake, publish_wake) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        tasks.spawn(fan_out(
+            shared.namespaces.stepped(),
+            [Arc::clone(&groups_wake), Arc::clone(&publish_wake)],
+        ));
         tasks.spawn(groups::run(
             Arc::clone(&shared),
             client.clone(),
-            shared.namespaces.stepped(),
+            groups_wake,
             stop_rx.clone(),
         ));
         tasks.spawn(connection::monitor(
@@ -114,6 +119,7 @@ impl Cluster {
         tasks.spawn(publisher::collect(
             Arc::clone(&shared),
             Arc::clone(&queue),
+            publish_wake,
             stop_rx.clone(),
         ));
         let sender = tokio::spawn(publisher::send(
@@ -142,6 +148,16 @@ impl Cluster {
             self.sender.abort();
         }
         self.tasks.abort_all();
+    }
+}
+
+/// Hands every step's wake-up to each task that acts on steps (one `Notify` wakes one waiter).
+async fn fan_out(stepped: Arc<Notify>, wakes: [Arc<Notify>; 2]) {
+    loop {
+        stepped.notified().await;
+        for wake in &wakes {
+            wake.notify_one();
+        }
     }
 }
 

@@ -1,10 +1,17 @@
-//! Publishing what this server learns: every `--cluster-batch-ms` the texts each namespace's
-//! drafter recorded are taken, encoded into batches and queued in the bounded [`Outbox`]; a
-//! sender publishes the queue to JetStream in order, waiting for each acknowledgement. Steps
-//! never wait for any of it: the drafters only record, and the network is this task's.
+//! Publishing what this server learns: the texts each namespace's drafter recorded (running
+//! requests' new tokens, ended requests, documents) are taken, encoded into batches and
+//! queued in the bounded [`Outbox`], with the calibration counts recorded since the last ones
+//! every [`CALIBRATION_INTERVAL`]; a sender publishes the queue to JetStream in order,
+//! waiting for each acknowledgement. Steps never wait for any of it: the drafters only
+//! record, and the network is this task's.
+//!
+//! When: right after a step while nothing waits to be sent (a running request's tokens reach
+//! the other servers' tries within a step or so), else as soon as the sender has sent what
+//! waited (so batches grow with the load instead of queueing), and at least every
+//! `--cluster-batch-ms` (texts recorded outside steps; batches while NATS is away).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
@@ -20,13 +27,19 @@ use super::wire;
 /// The largest payload a batch is made with (NATS servers take 1 MiB by default). A single
 /// text above it is dropped and counted.
 pub const MAX_BATCH_BYTES: usize = 512 << 10;
+/// Time between two takes of a namespace's calibration counts: they move slowly, and each
+/// take sends every counter that changed since the last.
+pub const CALIBRATION_INTERVAL: Duration = Duration::from_millis(200);
 /// Time given to JetStream to acknowledge a message before it is sent again.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The queue between the collector and the sender.
 pub struct Queue {
     outbox: Mutex<Outbox>,
+    /// Wakes the sender: batches were queued.
     ready: Notify,
+    /// Wakes the collector: the sender emptied the queue.
+    drained: Notify,
 }
 
 impl Queue {
@@ -35,7 +48,12 @@ impl Queue {
         Self {
             outbox: Mutex::new(Outbox::new(limit)),
             ready: Notify::new(),
+            drained: Notify::new(),
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.outbox.lock().front().is_none()
     }
 }
 
@@ -51,15 +69,24 @@ pub fn unix_ms() -> u64 {
 struct Numbering {
     incarnation: String,
     batches: u64,
+    /// When calibration counts were last taken.
+    calibrated: Instant,
 }
 
-/// Takes the drafters' records every batch interval and queues them.
-pub async fn collect(shared: Arc<Shared>, queue: Arc<Queue>, mut stop: watch::Receiver<bool>) {
+/// Takes the drafters' records and queues them: after a step (`stepped`) unless batches wait
+/// to be sent, when the sender emptied the queue, and every batch interval.
+pub async fn collect(
+    shared: Arc<Shared>,
+    queue: Arc<Queue>,
+    stepped: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut ticker = tokio::time::interval(shared.config.batch_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut numbering = Numbering {
         incarnation: nuid::next().to_string(),
         batches: 0,
+        calibrated: Instant::now(),
     };
     loop {
         tokio::select! {
@@ -67,15 +94,26 @@ pub async fn collect(shared: Arc<Shared>, queue: Arc<Queue>, mut stop: watch::Re
                 collect_once(&shared, &queue, &mut numbering);
                 return;
             }
-            _ = ticker.tick() => collect_once(&shared, &queue, &mut numbering),
+            _ = ticker.tick() => {}
+            () = queue.drained.notified() => {}
+            // While batches wait, the sender's drain collects what this step recorded.
+            () = stepped.notified() => if !queue.is_empty() { continue },
         }
+        collect_once(&shared, &queue, &mut numbering);
     }
 }
 
 fn collect_once(shared: &Shared, queue: &Queue, numbering: &mut Numbering) {
     let mut queued = false;
+    let calibrate = numbering.calibrated.elapsed() >= CALIBRATION_INTERVAL;
+    if calibrate {
+        numbering.calibrated = Instant::now();
+    }
     for ns in shared.namespaces.all() {
-        let texts = ns.drafter().take_learned();
+        let mut texts = ns.drafter().take_learned();
+        if calibrate {
+            texts.extend(ns.drafter().take_calibration());
+        }
         if texts.is_empty() {
             continue;
         }
@@ -189,8 +227,12 @@ pub async fn send(
                     outbox.pop();
                 }
                 shared.metrics.set_outgoing_bytes(outbox.bytes());
+                let drained = outbox.front().is_none();
                 drop(outbox);
                 shared.metrics.published(message.tokens);
+                if drained {
+                    queue.drained.notify_one();
+                }
             }
             Err(e) => {
                 failures += 1;

@@ -9,8 +9,8 @@ mod generated {
 }
 
 pub use generated::{
-    Document, EndedRequest, GroupUpdate, GroupUpdates, LearnedBatch, LearnedText,
-    learned_text::Kind,
+    CalibrationCounts, Document, EndedRequest, GroupUpdate, GroupUpdates, LearnedBatch,
+    LearnedText, RunningRequest, learned_text::Kind,
 };
 
 /// The subjects and stream of one cluster.
@@ -127,12 +127,16 @@ pub fn accept_group_updates(
     Ok(updates)
 }
 
-/// Tokens carried by a text (for the metrics).
+/// Tokens a text adds to a trie (for the metrics): an ended request's are those its running
+/// parts did not carry, so that a running text counts once; calibration counts have none.
 pub fn text_tokens(text: &LearnedText) -> u64 {
     match &text.kind {
-        Some(Kind::Request(r)) => (r.prompt.len() + r.output.len()) as u64,
+        Some(Kind::Request(r)) => {
+            (r.prompt.len() + r.output.len()).saturating_sub(r.streamed as usize) as u64
+        }
         Some(Kind::Document(d)) => d.tokens.len() as u64,
-        None => 0,
+        Some(Kind::Running(r)) => r.tokens.len() as u64,
+        Some(Kind::Calibration(_)) | None => 0,
     }
 }
 
