@@ -78,6 +78,22 @@ def test_unmeasured_sizes_are_interpolated_and_extrapolated():
     assert model.samples([1, 8, 16]).tolist()[1] < 0.5 < model.samples([1])[0]
 
 
+def test_noisy_measurements_never_make_more_tokens_cheaper():
+    # Steps that lost the CPU at small sizes (as on a shared machine): an unconstrained fit
+    # bends the curve down, even below zero, and wide trees look free.
+    rows = [
+        {"tokens": 1, "seconds": 0.40},
+        {"tokens": 2, "seconds": 0.15},
+        {"tokens": 4, "seconds": 0.30},
+        {"tokens": 8, "seconds": 0.12},
+        {"tokens": 16, "seconds": 0.35},
+    ]
+    model = CostModel.from_measurements(rows)
+    sizes = list(range(1, 33))
+    got = model.predict(sizes)
+    assert np.all(got > 0) and np.all(np.diff(got) >= -1e-12), list(zip(sizes, got, strict=True))
+
+
 def test_context_is_learnt_apart_from_tokens():
     rng = np.random.default_rng(1)
     model = CostModel()

@@ -53,6 +53,37 @@ def _hat(knots: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return lower, upper, t
 
 
+def _nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+    """``argmin x'Gx - 2 m'x`` over ``x >= 0`` (Lawson and Hanson's active set method, on the
+    normal equations). Within the free set the solve is least squares, so what the data
+    leaves open gets the minimum-norm answer."""
+    n = len(moment)
+    x = np.zeros(n)
+    free = np.zeros(n, dtype=bool)
+    tol = 1e-12 * max(1.0, float(np.abs(moment).max(initial=0.0)))
+    for _ in range(3 * n):
+        gradient = moment - gram @ x
+        candidates = ~free & (gradient > tol)
+        if not candidates.any():
+            break
+        free[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
+        for _ in range(3 * n):
+            idx = np.flatnonzero(free)
+            z = np.zeros(n)
+            z[idx] = np.linalg.lstsq(gram[np.ix_(idx, idx)], moment[idx], rcond=None)[0]
+            blocked = idx[z[idx] <= tol]
+            if len(blocked) == 0:
+                x = z
+                break
+            # Step from x towards z as far as every variable stays >= 0, then drop those
+            # that reached zero from the free set.
+            step = np.min(x[blocked] / np.maximum(x[blocked] - z[blocked], tol))
+            x = x + step * (z - x)
+            free &= x > tol
+            x[~free] = 0.0
+    return x
+
+
 class CostModel:
     """Seconds of one verification step, learnt from measured steps.
 
@@ -100,6 +131,9 @@ class CostModel:
         self._moment = np.zeros(n)
         #: Weight of the measurements near each knot (forgetting applied).
         self.knot_weight = np.zeros(len(self.knots))
+        # Sum of the observations' weights and their number (forgetting applied): the
+        # penalty is scaled to the mean weight, i.e. relative to one observation.
+        self._weights = np.zeros(2)
         self.observations = 0
         self._coef: np.ndarray | None = None
         self._penalty = self._slope_penalty()
@@ -165,12 +199,17 @@ class CostModel:
                 seconds = min(seconds, self.outlier_factor * predicted)
         x = self._features(tok, ctx, prs)[0]
         lam = self.forgetting
+        # Relative errors count: a step of 30 ms and one of 3 s are fitted equally well
+        # (absolute errors would let the large batches decide the small ones).
+        weight = 1.0 / seconds**2
         self._gram *= lam
         self._moment *= lam
         self.knot_weight *= lam
-        self._gram += np.outer(x, x)
-        self._moment += x * seconds
+        self._weights *= lam
+        self._gram += weight * np.outer(x, x)
+        self._moment += weight * x * seconds
         self.knot_weight += np.abs(x[: len(self.knots)])
+        self._weights += np.array([weight, 1.0])
         self.observations += 1
         self._coef = None
 
@@ -189,25 +228,19 @@ class CostModel:
             return self._coef
         m = len(self.knots)
         n = m + 2
-        a = self._gram + self.smoothing * self._penalty
-        b = self._moment
-        active = np.ones(n, dtype=bool)
-        coef = np.zeros(n)
-        # The context terms must not be negative (more context never makes a step faster):
-        # a negative one is fixed at zero and the rest refitted.
-        for _ in range(3):
-            idx = np.flatnonzero(active)
-            coef = np.zeros(n)
-            # Least squares, not a plain solve: what the data and the penalty leave open
-            # (a context term never varied, say) gets the minimum-norm answer, zero.
-            coef[idx] = np.linalg.lstsq(a[np.ix_(idx, idx)], b[idx], rcond=None)[0]
-            negative = [j for j in (m, m + 1) if active[j] and coef[j] < 0]
-            if not negative:
-                break
-            active[negative] = False
-        coef[m:] = np.maximum(coef[m:], 0.0)
-        self._coef = coef
-        return coef
+        mean_weight = self._weights[0] / max(self._weights[1], 1e-300)
+        a = self._gram + self.smoothing * mean_weight * self._penalty
+        # A step never gets faster with more tokens or more context: the token curve is
+        # fitted as its value at one token plus non-negative increments between knots, and
+        # the context terms are non-negative (noisy measurements, a step that lost the CPU,
+        # would otherwise bend the curve below zero or make wide trees look cheap).
+        cumulative = np.eye(n)
+        cumulative[:m, :m] = np.tril(np.ones((m, m)))
+        increments = _nonnegative_least_squares(
+            cumulative.T @ a @ cumulative, cumulative.T @ self._moment
+        )
+        self._coef = cumulative @ increments
+        return self._coef
 
     # -- prediction -------------------------------------------------------------------------
 
