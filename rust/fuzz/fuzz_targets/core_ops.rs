@@ -79,7 +79,10 @@ fuzz_target!(|input: (bool, bool, Vec<Op>)| {
             }
             Op::Echo => {
                 for text in drafter.take_learned() {
-                    drafter.apply_learned(&text).expect("own records are valid");
+                    drafter.apply_learned("peer", &text).expect("own records are valid");
+                }
+                if let Some(counts) = drafter.take_calibration() {
+                    drafter.apply_learned("peer", &counts).expect("own counts are valid");
                 }
                 for update in drafter.take_group_updates() {
                     drafter.apply_group_update("peer", &update).expect("own records are valid");
