@@ -263,3 +263,11 @@ def test_module_imports_without_torch():
         "t.pack_trees([], 4); assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_select_renumbers_the_chosen_nodes_and_refuses_an_orphan():
+    tree = DraftTree(9, (1, 2, 3, 4), (-1, 0, -1, 1), (0.9, 0.5, 0.4, 0.2))
+    picked = tree.select([0, 2, 1])
+    assert picked == DraftTree(9, (1, 3, 2), (-1, -1, 0), (0.9, 0.4, 0.5))
+    with pytest.raises(ValueError, match="parent 1 is not selected"):
+        tree.select([0, 3])

@@ -334,14 +334,7 @@ def _cut(tree: DraftTree, keep: np.ndarray) -> DraftTree:
     """``tree`` with only the nodes at the (ancestor-closed) indices ``keep``, in order."""
     if len(keep) == len(tree):
         return tree
-    kept = [int(i) for i in np.sort(keep)]
-    slot = {old: new for new, old in enumerate(kept)}
-    return DraftTree(
-        tree.root,
-        tuple(tree.tokens[i] for i in kept),
-        tuple(-1 if tree.parents[i] < 0 else slot[tree.parents[i]] for i in kept),
-        tuple(tree.scores[i] for i in kept),
-    )
+    return tree.select([int(i) for i in np.sort(keep)])
 
 
 class SizingPolicy:

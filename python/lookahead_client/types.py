@@ -48,6 +48,21 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def select(self, nodes: Sequence[int]) -> DraftTree:
+        """The tree of the nodes at indices ``nodes``, in that order, renumbered. Every
+        selected node's parent must be selected before it (ValueError otherwise)."""
+        slot = {old: new for new, old in enumerate(nodes)}
+        try:
+            parents = tuple(-1 if self.parents[i] < 0 else slot[self.parents[i]] for i in nodes)
+        except KeyError as e:
+            raise ValueError(f"DraftTree.select: the parent {e.args[0]} is not selected") from None
+        return DraftTree(
+            self.root,
+            tuple(self.tokens[i] for i in nodes),
+            parents,
+            tuple(self.scores[i] for i in nodes),
+        )
+
     @property
     def depth(self) -> int:
         """The number of nodes on the longest root-to-node path (0 for an empty tree)."""

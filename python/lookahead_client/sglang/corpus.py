@@ -100,14 +100,7 @@ def _level_order(tree: DraftTree) -> DraftTree:
     depths = tree.depths()
     if all(a <= b for a, b in zip(depths, depths[1:], strict=False)):
         return tree
-    order = sorted(range(len(tree)), key=depths.__getitem__)
-    slot = {old: new for new, old in enumerate(order)}
-    return DraftTree(
-        tree.root,
-        tuple(tree.tokens[i] for i in order),
-        tuple(-1 if tree.parents[i] < 0 else slot[tree.parents[i]] for i in order),
-        tuple(tree.scores[i] for i in order),
-    )
+    return tree.select(sorted(range(len(tree)), key=depths.__getitem__))
 
 
 class DrafterCorpus:
