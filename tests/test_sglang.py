@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from lookahead_client import EmbeddedDrafter
+from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
+from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.sglang.config import ENV_VAR, LookaheadConfig
 from lookahead_client.tree import parents_from_mask, tree_tensors, unpack_tree
 from test_sglang_support import (
     VOCAB,

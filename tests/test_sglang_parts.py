@@ -9,13 +9,14 @@ import threading
 import pytest
 
 from lookahead_client import EmbeddedDrafter
+from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
+from lookahead_client.engine.config import LookaheadConfig
+from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
-from lookahead_client.sglang.book import RequestBook, RequestView
-from lookahead_client.sglang.config import ENV_VAR, LookaheadConfig
 from lookahead_client.sglang.corpus import _level_order
-from lookahead_client.sglang.guard import DraftGuard
 from lookahead_client.types import DraftTree, StepRequest
 
 # -- the request book ------------------------------------------------------------------------
@@ -258,11 +259,11 @@ def test_config_names_the_bad_field(field, value):
 
 def test_config_round_trips_through_the_environment():
     config = LookaheadConfig(target="unix:///run/lookahead.sock", namespace="m", timeout=0.02)
-    assert LookaheadConfig.from_env({ENV_VAR: config.to_env()}) == config
-    assert LookaheadConfig.from_env({}) is None
-    assert LookaheadConfig.from_env({ENV_VAR: "{}"}) == LookaheadConfig()
+    assert LookaheadConfig.from_env(ENV_VAR, {ENV_VAR: config.to_env()}) == config
+    assert LookaheadConfig.from_env(ENV_VAR, {}) is None
+    assert LookaheadConfig.from_env(ENV_VAR, {ENV_VAR: "{}"}) == LookaheadConfig()
     with pytest.raises(InvalidArgumentError) as e:
-        LookaheadConfig.from_env({ENV_VAR: '{"targte": "x"}'})
+        LookaheadConfig.from_env(ENV_VAR, {ENV_VAR: '{"targte": "x"}'})
     assert e.value.field == "targte"
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lookahead_client.sglang.config import ENV_VAR, LookaheadConfig
+from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
+from lookahead_client.engine.config import LookaheadConfig
 
 __all__ = [
     "ENV_VAR",

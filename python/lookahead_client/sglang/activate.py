@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from lookahead_client.sglang.config import LookaheadConfig
+from lookahead_client.engine.config import LookaheadConfig
 
 __all__ = ["install", "installed_config", "run_scheduler_process", "scheduler_process_func"]
 

@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.sglang.config import LookaheadConfig
 
 __all__ = [
     "add_arguments",

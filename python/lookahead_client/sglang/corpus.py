@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
+from lookahead_client.engine.guard import DraftGuard, Outcome
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.sglang.book import RequestBook, RequestView, StepPlan
-from lookahead_client.sglang.guard import DraftGuard, Outcome
 from lookahead_client.tree import pack_trees
 from lookahead_client.types import DraftTree
 

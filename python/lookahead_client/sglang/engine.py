@@ -6,9 +6,9 @@ from typing import Any
 
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine
 
+from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.sglang.activate import scheduler_process_func
 from lookahead_client.sglang.args import require_ngram
-from lookahead_client.sglang.config import LookaheadConfig
 
 __all__ = ["Engine"]
 

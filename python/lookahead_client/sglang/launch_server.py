@@ -12,10 +12,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.sglang.activate import scheduler_process_func
 from lookahead_client.sglang.args import lookahead_help, require_ngram, split_argv
-from lookahead_client.sglang.config import LookaheadConfig
 
 __all__ = ["main", "run_server"]
 

@@ -8,7 +8,7 @@ schedulers included. With this package's distribution declaring::
     lookahead = "lookahead_client.sglang.plugin:register"
 
 setting ``LOOKAHEAD_SGLANG`` to a config (JSON, see
-:meth:`~lookahead_client.sglang.config.LookaheadConfig.to_env`; ``{}`` for the embedded
+:meth:`~lookahead_client.engine.config.LookaheadConfig.to_env`; ``{}`` for the embedded
 drafter) switches ``--speculative-algorithm NGRAM`` to lookahead. Unset, the plugin does
 nothing. SGLang's ``SGLANG_PLUGINS`` variable can restrict which plugins load.
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 
-from lookahead_client.sglang.config import ENV_VAR, LookaheadConfig
+from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
+from lookahead_client.engine.config import LookaheadConfig
 
 __all__ = ["register"]
 
@@ -31,7 +32,7 @@ def register() -> None:
         InvalidArgumentError: the variable is set but not a valid config (a typo must not
             silently leave lookahead off; SGLang logs the error).
     """
-    config = LookaheadConfig.from_env()
+    config = LookaheadConfig.from_env(ENV_VAR)
     if config is None:
         return
     from lookahead_client.sglang.activate import install

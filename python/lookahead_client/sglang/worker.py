@@ -27,9 +27,9 @@ import sglang.srt.speculative.ngram_worker as _ngram_module
 from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from lookahead_client.sglang.config import LookaheadConfig
+from lookahead_client.engine.config import LookaheadConfig
+from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.sglang.corpus import DrafterCorpus, Share, StepContext, broadcast_share
-from lookahead_client.sglang.guard import DraftGuard
 from lookahead_client.types import Drafter
 
 __all__ = ["LookaheadNGRAMWorker"]

@@ -1,9 +1,9 @@
-"""What the SGLang integration needs to know: which drafter, and how long a step may wait.
+"""What an engine integration needs to know: which drafter, and how long a step may wait.
 
-A :class:`LookaheadConfig` travels from the process that launches SGLang to every scheduler
-process it spawns (pickled with the scheduler entry function, or as the ``LOOKAHEAD_SGLANG``
-environment variable for the plugin path), where it builds the drafter. It imports neither
-SGLang nor torch.
+A :class:`LookaheadConfig` travels from the process that launches the engine to every process
+that drafts (for SGLang pickled with the scheduler entry function or as the
+``LOOKAHEAD_SGLANG`` environment variable; for vLLM as ``LOOKAHEAD_VLLM``), where it builds
+the drafter. It imports no engine and no torch.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass, field, fields
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import Drafter
 
-__all__ = ["ENV_VAR", "LookaheadConfig"]
+__all__ = ["SGLANG_ENV", "VLLM_ENV", "LookaheadConfig"]
 
 #: The environment variable that carries a config to SGLang's plugin hook (JSON).
-ENV_VAR = "LOOKAHEAD_SGLANG"
+SGLANG_ENV = "LOOKAHEAD_SGLANG"
+#: The environment variable that configures vLLM's ``LookaheadProposer`` (JSON).
+VLLM_ENV = "LOOKAHEAD_VLLM"
 
 # The embedded drafter's default token-id bound; a model with a larger vocabulary raises it.
 _DEFAULT_VOCAB_BOUND = 1 << 24
@@ -30,7 +32,7 @@ _MIN_MAX_BUDGET = 64
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """Where a SGLang scheduler takes its drafts from.
+    """Where an engine process (a SGLang scheduler, a vLLM worker) takes its drafts from.
 
     Attributes:
         target: ``host:port`` or ``unix:///path`` of a ``lookahead-server``; None builds an
@@ -117,15 +119,16 @@ class LookaheadConfig:
             self.target, namespace=self.namespace, timeout=self.timeout, token=self.token
         )
 
-    # -- the environment-variable form (SGLang's plugin path) ------------------------------
+    # -- the environment-variable form ------------------------------------------------------
 
     def to_env(self) -> str:
-        """The JSON form carried by :data:`ENV_VAR`."""
+        """The JSON form carried by :data:`SGLANG_ENV` and :data:`VLLM_ENV`."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> LookaheadConfig:
-        """Parses :meth:`to_env`'s form (unknown keys are refused, naming them).
+    def from_json(cls, text: str, *, source: str = "the config") -> LookaheadConfig:
+        """Parses :meth:`to_env`'s form (unknown keys are refused, naming them); ``source``
+        names where the text came from in errors.
 
         Raises:
             InvalidArgumentError: not a JSON object, an unknown key, or a bad value.
@@ -133,20 +136,20 @@ class LookaheadConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InvalidArgumentError(f"{ENV_VAR} is not JSON: {e}", field=ENV_VAR) from None
+            raise InvalidArgumentError(f"{source} is not JSON: {e}", field=source) from None
         if not isinstance(data, dict):
-            raise InvalidArgumentError(f"{ENV_VAR} must be a JSON object", field=ENV_VAR)
+            raise InvalidArgumentError(f"{source} must be a JSON object", field=source)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidArgumentError(
-                f"{ENV_VAR} has unknown keys {unknown}; known: {sorted(known)}",
+                f"{source} has unknown keys {unknown}; known: {sorted(known)}",
                 field=unknown[0],
             )
         return cls(**data)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> LookaheadConfig | None:
-        """The config in :data:`ENV_VAR`, or None when it is unset or empty."""
-        text = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
-        return cls.from_json(text) if text else None
+    def from_env(cls, var: str, environ: dict[str, str] | None = None) -> LookaheadConfig | None:
+        """The config in the environment variable ``var``, or None when it is unset or empty."""
+        text = (os.environ if environ is None else environ).get(var, "").strip()
+        return cls.from_json(text, source=var) if text else None

@@ -28,7 +28,7 @@ from lookahead_client.types import Drafter, DraftTree, StepRequest
 
 __all__ = ["DraftGuard", "Outcome"]
 
-_log = logging.getLogger("lookahead_client.sglang")
+_log = logging.getLogger("lookahead_client.engine")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Which tokens of each SGLang request the drafter already has, and what to send it next.
+"""Which tokens of each engine request the drafter already has, and what to send it next.
 
-SGLang's NGRAM worker shows a request to its corpus as its last few tokens only. The drafter
-gets the whole request instead: the prompt the first time the request is drafted, then each
-step the tokens appended since (accepted drafts, the model's own token, and under the overlap
-scheduler the not-yet-committed tokens SGLang splices in), the previous step's accepted count,
-and a finish when the request leaves the batch.
+Engines show their drafters a request's last few tokens (SGLang's NGRAM corpus) or a row of
+a token table (vLLM's proposers). The drafter gets the whole request instead: the prompt the
+first time the request is drafted, then each step the tokens appended since (accepted drafts,
+the model's own token, and under SGLang's overlap scheduler the not-yet-committed tokens it
+splices in), the previous step's accepted count, and a finish when the request leaves.
 
 A request's tokens are seen as three pieces (:class:`RequestView`): the prompt
 (``origin_input_ids_unpadded``), the committed outputs (``output_ids``) and the spliced tail.
@@ -34,7 +34,8 @@ class RequestView:
     """The tokens of one request at one step: ``prompt + output + spliced``.
 
     The pieces may be the engine's live sequences (SGLang appends to ``output_ids`` in
-    place); the view covers the first :attr:`total` tokens, counted when it is made.
+    place, vLLM to its token table); the view covers the first :attr:`total` tokens, counted
+    when it is made.
     """
 
     __slots__ = ("rid", "prompt", "output", "spliced", "total", "_lens")
@@ -72,7 +73,7 @@ class RequestView:
 class _Tracked:
     drafter_id: str
     sent: int  # tokens of the request the drafter holds (prompt included)
-    fed_depth: int = -1  # depth of the drafter's tree SGLang got last; -1: none / fallback
+    fed_depth: int = -1  # depth of the drafter's tree the engine got last; -1: none / fallback
     fed_step: int = -1  # the step that tree was fed in
     fed_expected: float = 0.0  # the sum of that tree's scores (its expected accepted length)
 
@@ -101,7 +102,8 @@ class RequestBook:
     is known); :meth:`forget` may be called in between.
 
     Args:
-        budget: the draft nodes asked for each request (SGLang's slots minus the root).
+        budget: the draft nodes asked for each request (SGLang's slots minus the root, or
+            the tree a vLLM chain is chosen from).
     """
 
     def __init__(self, budget: int) -> None:
@@ -119,7 +121,7 @@ class RequestBook:
         self._generation = itertools.count(1)
         #: Requests started again after their drafter state was in doubt.
         self.resyncs = 0
-        #: Over the fed trees whose outcome is known: draft tokens SGLang accepted, and what
+        #: Over the fed trees whose outcome is known: draft tokens the engine accepted, and what
         #: the drafter's scores expected (the sum of the trees' scores; the drafter's
         #: calibration is good when the two agree).
         self.accepted_drafts = 0
@@ -249,7 +251,7 @@ class RequestBook:
             self.resyncs += 1
 
     def fed(self, plan: StepPlan, index: int, depth: int, expected: float = 0.0) -> None:
-        """SGLang got, for the ``index``-th view of ``plan``, a drafter tree of ``depth``
+        """The engine got, for the ``index``-th view of ``plan``, a drafter tree of ``depth``
         levels (-1: a root-only fallback instead) whose scores sum to ``expected``."""
         t = self._tracked.get(plan.views[index].rid)
         if t is not None:
@@ -269,6 +271,6 @@ class RequestBook:
         self._failures.pop(rid, None)
 
     def forget_all(self) -> None:
-        """Every request left (SGLang flushed its cache)."""
+        """Every request left (the engine flushed its cache)."""
         for rid in list(self._tracked) + list(self._disabled):
             self.forget(rid)

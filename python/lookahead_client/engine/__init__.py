@@ -1,0 +1,9 @@
+"""What every engine integration shares (SGLang's worker, vLLM's proposer).
+
+* :mod:`.config`: :class:`~.config.LookaheadConfig`, which drafter an engine process builds;
+* :mod:`.book`: :class:`~.book.RequestBook`, which tokens of each request the drafter holds;
+* :mod:`.guard`: :class:`~.guard.DraftGuard`, a drafter step with a deadline that never fails
+  the engine's step.
+
+None of them imports an engine or torch.
+"""
