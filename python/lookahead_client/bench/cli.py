@@ -24,6 +24,7 @@ from .load import add_load_parser, run_load
 from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
 from .replay import ADMISSION, SHARING, ReplayError, ReplayResult, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
+from .vllm_engine import add_vllm_parser, run_vllm
 from .workload import DEMO_WORKLOAD, Workload, WorkloadError, load_workload
 
 __all__ = ["main", "build_parser"]
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     sp.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     add_load_parser(sub)
+    add_vllm_parser(sub)
     return parser
 
 
@@ -342,4 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_load(args)
     if args.command == "sizing":
         return _sizing_command(args, argv)
+    if args.command == "vllm":
+        return run_vllm(args)
     raise AssertionError(args.command)  # argparse only accepts the commands above

@@ -3,7 +3,8 @@
 * :mod:`.config`: :class:`~.config.LookaheadConfig`, which drafter an engine process builds;
 * :mod:`.book`: :class:`~.book.RequestBook`, which tokens of each request the drafter holds;
 * :mod:`.guard`: :class:`~.guard.DraftGuard`, a drafter step with a deadline that never fails
-  the engine's step.
+  the engine's step;
+* :mod:`.warn_once`: :class:`~.warn_once.WarnOnce`, per-step problems logged once.
 
 None of them imports an engine or torch.
 """

@@ -30,12 +30,18 @@ _MAX_FAILURES = 2
 _MAX_OWED_ENDS = 4096
 
 
+def _ints(piece: Sequence[int]) -> list[int]:
+    """A piece of a request as Python ints (vLLM's pieces are numpy rows)."""
+    tolist = getattr(piece, "tolist", None)
+    return tolist() if tolist is not None else list(piece)
+
+
 class RequestView:
     """The tokens of one request at one step: ``prompt + output + spliced``.
 
-    The pieces may be the engine's live sequences (SGLang appends to ``output_ids`` in
-    place, vLLM to its token table); the view covers the first :attr:`total` tokens, counted
-    when it is made.
+    The pieces may be lists or numpy arrays, and may be the engine's live sequences (SGLang
+    appends to ``output_ids`` in place, vLLM to its token table); the view covers the first
+    :attr:`total` tokens, counted when it is made.
     """
 
     __slots__ = ("rid", "prompt", "output", "spliced", "total", "_lens")
@@ -57,7 +63,7 @@ class RequestView:
         offset = 0
         for piece, n in zip((self.prompt, self.output, self.spliced), self._lens, strict=True):
             if start < offset + n:
-                out.extend(piece[max(start - offset, 0) : n])
+                out.extend(_ints(piece[max(start - offset, 0) : n]))
             offset += n
         return out
 
@@ -171,7 +177,7 @@ class RequestBook:
                         self._new_id(view.rid),
                         new_tokens=view.generated(),
                         budget=self.budget,
-                        prompt=list(view.prompt),
+                        prompt=_ints(view.prompt),
                     )
                 )
                 continue

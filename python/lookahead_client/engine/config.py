@@ -44,6 +44,9 @@ class LookaheadConfig:
         max_ngram: n-gram depth of the embedded drafter's shared trie.
         min_score: the embedded drafter drops nodes less likely to be accepted than this.
         chain: the embedded drafter proposes single-branch drafts instead of trees.
+        sizing: vLLM only: each step's chain lengths are chosen by a cost model learnt from
+            the engine's step times (zero when drafting does not pay); False proposes every
+            chain whole, up to ``num_speculative_tokens``. SGLang verifies fixed-size trees.
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
     """
@@ -55,6 +58,7 @@ class LookaheadConfig:
     max_ngram: int = 16
     min_score: float = 0.02
     chain: bool = False
+    sizing: bool = True
     token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -24,11 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.types import Drafter, DraftTree, StepRequest
 
-__all__ = ["DraftGuard", "Outcome"]
+__all__ = ["DraftGuard", "Outcome", "guard_for"]
 
 _log = logging.getLogger("lookahead_client.engine")
+
+# Extra wait past a remote drafter's own deadline before the guard gives up on it (the remote
+# client answers with empty drafts at its deadline; this only catches a stuck call).
+_REMOTE_GRACE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -251,3 +256,19 @@ class DraftGuard:
             "late_steps": self.late_steps,
             "outages": self.outages,
         }
+
+
+def guard_for(config: LookaheadConfig, drafter: Drafter) -> DraftGuard:
+    """The guard an engine process puts around the drafter ``config`` built.
+
+    The deadline is ``config.timeout``. A remote client answers by itself at its deadline
+    (its first call, which connects, has a longer one), so its guard waits a little longer
+    and only catches a stuck call.
+    """
+    deadline, first = config.timeout, None
+    if not config.embedded:
+        deadline += _REMOTE_GRACE_S
+        first = max(deadline, getattr(drafter, "connect_timeout", 0.0) + _REMOTE_GRACE_S)
+    return DraftGuard(
+        drafter, deadline, first_deadline=first, describe=f"lookahead {config.describe()}"
+    )

@@ -24,6 +24,7 @@ import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
 from lookahead_client.engine.guard import DraftGuard, Outcome
+from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import pack_trees
 from lookahead_client.types import DraftTree
@@ -78,22 +79,6 @@ class StepContext:
         self.stride = stride
 
 
-class _WarnOnce:
-    """Logs each kind of problem once as a warning, then at debug level."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self.counts: dict[str, int] = {}
-
-    def __call__(self, kind: str, message: str, *args: object) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if kind in self._seen:
-            _log.debug(message, *args)
-        else:
-            self._seen.add(kind)
-            _log.warning(message + " (logged once)", *args)
-
-
 def _level_order(tree: DraftTree) -> DraftTree:
     """The tree with its nodes level by level (SGLang's corpus layout); the order within a
     level is kept. A drafter may list nodes best-first, which only puts parents first."""
@@ -136,7 +121,7 @@ class DrafterCorpus:
         self._share = share
         self.book = RequestBook(budget=num_slots - 1)
         self._context: StepContext | None = None
-        self._warn = _WarnOnce()
+        self._warn = WarnOnce(_log)
         self._corpora: dict[str, int] = {}
         self.steps = 0
         self.drafted_requests = 0

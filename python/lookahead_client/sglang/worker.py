@@ -28,17 +28,13 @@ from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.guard import guard_for
 from lookahead_client.sglang.corpus import DrafterCorpus, Share, StepContext, broadcast_share
 from lookahead_client.types import Drafter
 
 __all__ = ["LookaheadNGRAMWorker"]
 
 _log = logging.getLogger("lookahead_client.sglang")
-
-# Extra wait past a remote drafter's own deadline before the guard gives up on it (the remote
-# client answers with empty drafts at its deadline; this only catches a stuck call).
-_REMOTE_GRACE_S = 0.02
 
 _swap_lock = threading.Lock()
 _configured: dict[LookaheadConfig, type[LookaheadNGRAMWorker]] = {}
@@ -119,15 +115,7 @@ class LookaheadNGRAMWorker(NGRAMWorker):
                     vocab_size=vocab_size,
                     context_len=int(getattr(model_config, "context_len", 0) or 0),
                 )
-            deadline, first = config.timeout, None
-            if not config.embedded:
-                # The remote client answers by itself at its deadline (its first call, which
-                # connects, has a longer one); the guard only catches a stuck call.
-                deadline += _REMOTE_GRACE_S
-                first = max(deadline, getattr(drafter, "connect_timeout", 0.0) + _REMOTE_GRACE_S)
-            guard = DraftGuard(
-                drafter, deadline, first_deadline=first, describe=f"lookahead {config.describe()}"
-            )
+            guard = guard_for(config, drafter)
         corpus = DrafterCorpus(num_slots=num_slots, guard=guard, vocab_size=vocab_size, share=share)
         with _corpus_built_as(corpus):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
