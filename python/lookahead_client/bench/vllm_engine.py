@@ -95,7 +95,9 @@ def ensure_model(folder: pathlib.Path) -> pathlib.Path:
 
 
 def _prompts(workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_tokens: int):
-    """Per workload: the first ``per_half`` prompts of each half, re-encoded for SmolLM2."""
+    """Per workload, two disjoint sets of distinct prompts re-encoded for SmolLM2: the first
+    ``per_half`` of each half for the batch-1 pass, the next ``per_half`` for the full batch
+    (a pass must not regenerate what the drafters saw the other pass generate)."""
     from transformers import AutoTokenizer
 
     from lookahead_client.hf_bench import workload_prompts
@@ -103,11 +105,17 @@ def _prompts(workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_
     tokenizer = AutoTokenizer.from_pretrained(folder)
     out = {}
     for path in workloads:
-        prompts = workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens)
-        chosen = [p for half in "AB" for p in [q for q in prompts if q.half == half][:per_half]]
-        out[pathlib.Path(path).stem] = [
-            {"id": p.id, "group": p.group, "half": p.half, "ids": p.ids} for p in chosen
-        ]
+        seen: set[tuple[int, ...]] = set()
+        halves: dict[str, list] = {"A": [], "B": []}
+        for p in workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens):
+            key = tuple(p.ids)  # rollout files repeat each prompt once per sample
+            if key not in seen and len(halves[p.half]) < 2 * per_half:
+                seen.add(key)
+                halves[p.half].append({"id": p.id, "group": p.group, "half": p.half, "ids": p.ids})
+        out[pathlib.Path(path).stem] = {
+            "batch1": halves["A"][:per_half] + halves["B"][:per_half],
+            "batch": halves["A"][per_half:] + halves["B"][per_half:],
+        }
     return out
 
 
@@ -148,9 +156,15 @@ def _child(spec_path: str) -> int:
         kv_cache_memory_bytes=_KV_CACHE_BYTES,
     )
     result: dict[str, Any] = {"startup_s": round(time.perf_counter() - started, 1), "workloads": {}}
-    total = sum(len(p) for p in spec["prompts"].values()) * 2
+    # Warm-up (kernels, allocator) on a prompt of no workload, outside the counters.
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=list(range(1000, 1064)))],
+        SamplingParams(max_tokens=8, temperature=0.0),
+        use_tqdm=False,
+    )
+    total = sum(len(p["batch1"]) + len(p["batch"]) for p in spec["prompts"].values())
     bar = tqdm(total=total, desc=spec["name"], unit="gen", file=sys.stderr)
-    for workload, prompts in spec["prompts"].items():
+    for workload, sets in spec["prompts"].items():
         n = spec["n"].get(workload, 1)
         # vLLM samples n > 1 only at a temperature above 0 (as RL rollouts do).
         temperature = spec["temperature"] if n > 1 else 0.0
@@ -158,10 +172,8 @@ def _child(spec_path: str) -> int:
             max_tokens=spec["max_new_tokens"], temperature=temperature, n=n, seed=0
         )
         row: dict[str, Any] = {"n": n, "temperature": temperature, "prompts": []}
-        # Warm-up on the first prompt (its drafts are not counted; the drafter learns it).
-        llm.generate([TokensPrompt(prompt_token_ids=prompts[0]["ids"])], params, use_tqdm=False)
         before = _counters(llm)
-        for p in prompts:
+        for p in sets["batch1"]:
             t = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=p["ids"])], params, use_tqdm=False)
             seconds = time.perf_counter() - t
@@ -178,15 +190,16 @@ def _child(spec_path: str) -> int:
             bar.update()
         middle = _counters(llm)
         t = time.perf_counter()
+        batch = sets["batch"]
         out = llm.generate(
-            [TokensPrompt(prompt_token_ids=p["ids"]) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p["ids"]) for p in batch], params, use_tqdm=False
         )
         row["batch"] = {
             "seconds": time.perf_counter() - t,
             "tokens": sum(len(c.token_ids) for o in out for c in o.outputs),
             "outputs": [[list(c.token_ids) for c in o.outputs] for o in out],
         }
-        bar.update(len(prompts))
+        bar.update(len(batch))
         after = _counters(llm)
         row["counters_batch1"] = {k: middle[k] - before[k] for k in before}
         row["counters_batch"] = {k: after[k] - middle[k] for k in before}
@@ -317,8 +330,9 @@ def run_vllm(args: argparse.Namespace) -> int:
         samples[stem] = int(value)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
     prompts = _prompts(args.workload, folder, args.prompts_per_half, args.max_prompt_tokens)
-    longest = max(len(p["ids"]) for ps in prompts.values() for p in ps)
-    most = max(len(ps) * samples.get(w, 1) for w, ps in prompts.items())
+    chosen = {w: sets["batch1"] + sets["batch"] for w, sets in prompts.items()}
+    longest = max(len(p["ids"]) for ps in chosen.values() for p in ps)
+    most = max(len(sets["batch"]) * samples.get(w, 1) for w, sets in prompts.items())
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
         for name in configs:
@@ -364,7 +378,10 @@ def run_vllm(args: argparse.Namespace) -> int:
     table = {w: summarise(results, w, None) for w in prompts}
     halves = {w: {h: summarise(results, w, h) for h in "AB"} for w in prompts}
     for w in prompts:
-        print(f"\n{w} (n={samples.get(w, 1)}, {len(prompts[w])} prompts)")
+        print(
+            f"\n{w} (n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
+            f"{len(prompts[w]['batch'])} others in the full batch)"
+        )
         print(
             f"  {'config':18} {'tok/s b1':>9} {'x plain':>8} {'tok/s B':>9} {'x plain':>8} "
             f"{'MAL b1':>7} {'MAL B':>6} {'same':>5} {'slowest':>8} {'>5%':>4}  A/B x plain b1"

@@ -104,8 +104,13 @@ class LookaheadProposer:
         )
         self.guard = guard_for(self.config, drafter)
         self.book = RequestBook(budget=tree_budget)
+        # The cost model learns from every engine step (see _observe), whose token counts
+        # vary with the batch and prefill chunks; probing sizes on purpose (explore) would
+        # cost whole verification steps of the widest chains on a CPU.
         self.policy = (
-            SizingPolicy(layout="ragged", learn_cost=False) if self.config.sizing else None
+            SizingPolicy(layout="ragged", learn_cost=False, explore=False)
+            if self.config.sizing
+            else None
         )
         self._warn = WarnOnce(_log)
         self._hooked = hook.install()
