@@ -41,6 +41,8 @@ __all__ = ["CONFIGS", "add_vllm_parser", "run_vllm", "speculative_config"]
 
 #: The configurations, in the order they run.
 CONFIGS = ("plain", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
+#: Also accepted: lookahead embedded with its cost-aware chain lengths, for comparison.
+SIZED_CHAINS = "lookahead-sized"
 
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _DRAFTS = "vllm:spec_decode_num_drafts"
@@ -68,10 +70,11 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
         }
     if name == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if name in ("lookahead", "lookahead-server"):
+    if name in ("lookahead", "lookahead-server", SIZED_CHAINS):
         return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": k}
     raise InvalidArgumentError(
-        f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}", field="configs"
+        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (SIZED_CHAINS,))}",
+        field="configs",
     )
 
 
@@ -191,8 +194,12 @@ def _child(spec_path: str) -> int:
         middle = _counters(llm)
         t = time.perf_counter()
         batch = sets["batch"]
-        out = llm.generate(
-            [TokensPrompt(prompt_token_ids=p["ids"]) for p in batch], params, use_tqdm=False
+        out = (
+            llm.generate(
+                [TokensPrompt(prompt_token_ids=p["ids"]) for p in batch], params, use_tqdm=False
+            )
+            if batch
+            else []
         )
         row["batch"] = {
             "seconds": time.perf_counter() - t,
@@ -242,7 +249,7 @@ def summarise(results: dict[str, dict], workload: str, half: str | None) -> dict
             "prompts_over_5pct_slower": sum(x < 1 / 1.05 for x in ratios),
             "mal_batch1": _mal(w["counters_batch1"]),
         }
-        if half is None:
+        if half is None and w["batch"]["outputs"]:
             entry.update(
                 tok_s_batch=round(w["batch"]["tokens"] / w["batch"]["seconds"], 2),
                 speedup_batch=round(plain["batch"]["seconds"] / w["batch"]["seconds"], 3),
@@ -346,6 +353,8 @@ def run_vllm(args: argparse.Namespace) -> int:
 
                 server = ServerProcess(tcp=False).start()
                 env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})
+            elif name == SIZED_CHAINS:
+                env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": True})
             spec_file = pathlib.Path(tmp, f"{name.replace(':', '-')}.json")
             out_file = spec_file.with_suffix(".out.json")
             spec_file.write_text(
@@ -387,7 +396,8 @@ def run_vllm(args: argparse.Namespace) -> int:
             f"{'MAL b1':>7} {'MAL B':>6} {'same':>5} {'slowest':>8} {'>5%':>4}  A/B x plain b1"
         )
         for name, e in table[w].items():
-            if e["identical_batch"] is None:
+            e = {"tok_s_batch": 0.0, "speedup_batch": 0.0, "mal_batch": None, **e}
+            if e.get("identical_batch") is None:
                 same = "n/a"
             else:
                 same = e["identical_batch1"] == e["prompts"] and e["identical_batch"]

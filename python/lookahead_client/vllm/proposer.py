@@ -14,10 +14,11 @@ step it:
 3. asks the drafter for a tree per request, behind a deadline
    (:class:`~lookahead_client.engine.guard.DraftGuard`): slow, down or wrong gives empty
    drafts for that step, never an error;
-4. turns each tree into its best chain (:func:`~.chains.best_chain`) and lets a ragged
-   :class:`~lookahead_client.sizing.SizingPolicy` cut the chains to the lengths that
-   maximise the batch's expected tokens per second, with a cost model learnt from this
-   engine's own step times; zero for everyone when drafting does not pay.
+4. turns each tree into its best chain (:func:`~.chains.best_chain`), up to ``K`` tokens;
+   with ``sizing`` on, a ragged :class:`~lookahead_client.sizing.SizingPolicy` cuts the
+   chains to the lengths that maximise the batch's expected tokens per second, with a cost
+   model learnt from this engine's own step times (zero for everyone when drafting does not
+   pay).
 
 Which drafter: the ``LOOKAHEAD_VLLM`` environment variable, the JSON of
 :class:`~lookahead_client.engine.config.LookaheadConfig` (unset or ``{}``: embedded).
