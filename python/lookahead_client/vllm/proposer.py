@@ -74,8 +74,8 @@ class _Timing:
             if n:
                 out[str(_BS_BUCKETS[b])] = {
                     "calls": int(n),
-                    "proposer_ms": round(1e3 * self.proposer[b] / n, 4),
-                    "engine_step_ms": round(1e3 * self.engine[b] / n, 4),
+                    "proposer_ms": round(float(1e3 * self.proposer[b] / n), 4),
+                    "engine_step_ms": round(float(1e3 * self.engine[b] / n), 4),
                 }
         return out
 
