@@ -4,6 +4,7 @@
 * :mod:`.book`: :class:`~.book.RequestBook`, which tokens of each request the drafter holds;
 * :mod:`.guard`: :class:`~.guard.DraftGuard`, a drafter step with a deadline that never fails
   the engine's step;
+* :mod:`.checks`: :func:`~.checks.tree_problem`, whether a drafter's tree may be proposed;
 * :mod:`.warn_once`: :class:`~.warn_once.WarnOnce`, per-step problems logged once.
 
 None of them imports an engine or torch.

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
+from lookahead_client.engine.checks import tree_problem
 from lookahead_client.engine.guard import DraftGuard, Outcome
 from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.errors import InvalidArgumentError
@@ -305,30 +306,13 @@ class DrafterCorpus:
 
     def _checked(self, tree: DraftTree, root: int, rid: str) -> DraftTree | None:
         """The tree if it can be fed to SGLang as it is, else None (root-only instead)."""
-        if not isinstance(tree, DraftTree):
-            self._warn(
-                "tree", "the drafter returned %s instead of a DraftTree", type(tree).__name__
-            )
-            return None
-        if tree.root not in (-1, root):
-            self._warn(
-                "root",
-                "request %s: the drafter's tree hangs under %d, not under the "
-                "last token %d; it is started again",
-                rid,
-                tree.root,
-                root,
-            )
-            self.book.resync(rid)
-            return None
-        n = min(len(tree), self.num_slots - 1)
-        if any(not 0 <= t < self.vocab_size for t in tree.tokens[:n]):
-            self._warn(
-                "vocab",
-                "the drafter proposed token ids outside the model's vocabulary "
-                "(%d); wrong namespace?",
-                self.vocab_size,
-            )
+        n = self.num_slots - 1
+        problem = tree_problem(tree, root, self.vocab_size, n)
+        if problem is not None:
+            kind, message = problem
+            self._warn(kind, "request %s: %s", rid, message)
+            if kind == "root":
+                self.book.resync(rid)  # the drafter's copy is wrong: start it again
             return None
         if n < len(tree):
             tree = DraftTree(tree.root, tree.tokens[:n], tree.parents[:n], tree.scores[:n])

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.checks import tree_problem
 from lookahead_client.engine.config import VLLM_ENV, LookaheadConfig
 from lookahead_client.engine.guard import guard_for
 from lookahead_client.engine.warn_once import WarnOnce
@@ -240,9 +241,15 @@ class LookaheadProposer:
             index = plan.live[j]
             tree = None
             if index >= 0 and not (outcome.failed and index in outcome.failed):
-                tree = self._checked(outcome.trees[index], int(table[i, int(num_tokens[i]) - 1]))
-                if tree is None:
-                    self.book.resync(req_ids[i])
+                tree = outcome.trees[index]
+                root = int(table[i, int(num_tokens[i]) - 1])
+                problem = tree_problem(tree, root, self.vocab_size)
+                if problem is not None:
+                    kind, message = problem
+                    self._warn(kind, "request %s: %s", req_ids[i], message)
+                    if kind == "root":
+                        self.book.resync(req_ids[i])  # the drafter's copy is wrong
+                    tree = None
             if tree is None:
                 self.book.fed(plan, j, -1)
                 continue
@@ -265,26 +272,6 @@ class LookaheadProposer:
                 self.drafted_requests += 1
                 self.draft_tokens += len(chain)
         return out
-
-    def _checked(self, tree: Any, root: int) -> DraftTree | None:
-        """The tree if its drafts can be proposed, else None (and why, logged once)."""
-        if not isinstance(tree, DraftTree):
-            self._warn("tree", "the drafter returned %s, not a DraftTree", type(tree).__name__)
-            return None
-        if tree.root not in (-1, root):
-            self._warn(
-                "root", "a tree hangs under %d, not the last token %d; restarted", tree.root, root
-            )
-            return None
-        if any(not 0 <= t < self.vocab_size for t in tree.tokens):
-            self._warn(
-                "vocab",
-                "the drafter proposed token ids outside the model's vocabulary (%d); "
-                "wrong namespace?",
-                self.vocab_size,
-            )
-            return None
-        return tree
 
     def _observe(
         self,
