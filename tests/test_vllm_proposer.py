@@ -10,26 +10,11 @@ import numpy as np
 import pytest
 
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.types import DraftTree
-from lookahead_client.vllm.chains import best_chain
+from lookahead_client.types import DraftShape, DraftTree, StepRequest
 from lookahead_client.vllm.proposer import LookaheadProposer
 
 K = 4
 MAX_LEN = 256
-
-
-def test_best_chain_takes_the_path_of_highest_total_score() -> None:
-    #      root
-    #     /    \
-    #   a .6    b .5
-    #   |       |
-    #   c .1    d .45 -- e .4
-    tree = DraftTree(0, (10, 20, 30, 40, 50), (-1, -1, 0, 1, 3), (0.6, 0.5, 0.1, 0.45, 0.4))
-    chain = best_chain(tree, 8)
-    assert chain.tokens == (20, 40, 50) and chain.parents == (-1, 0, 1)
-    assert best_chain(tree, 1).tokens == (10,)  # within one node the best is a
-    assert best_chain(tree, 2).tokens == (20, 40)
-    assert len(best_chain(tree, 0)) == 0 and len(best_chain(DraftTree.empty(3), 4)) == 0
 
 
 class Recorder:
@@ -39,11 +24,13 @@ class Recorder:
         self.fed: dict[str, list[int]] = {}
         self.ended: list[str] = []
         self.fail = False
+        self.asked: list[StepRequest] = []
 
-    def step(self, requests):
+    def step(self, requests, cost=None):
         if self.fail:
             raise ConnectionError("drafter down")
         out = []
+        self.asked.extend(requests)
         for r in requests:
             seq = self.fed.setdefault(r.request_id, [])
             if r.prompt is not None:
@@ -76,10 +63,12 @@ class Runner:
         self.rows: list[str] = []
         self.tokens: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
+        self.temperature: dict[str, float] = {}
 
-    def add(self, rid: str, prompt: list[int]) -> None:
+    def add(self, rid: str, prompt: list[int], temperature: float = 0.0) -> None:
         self.tokens[rid] = list(prompt)
         self.prompt_len[rid] = len(prompt)
+        self.temperature[rid] = temperature
         self.rows.append(rid)
 
     def step(self, emitted: dict[str, list[int]], finished=()) -> list[list[int]]:
@@ -88,13 +77,15 @@ class Runner:
         batch = SimpleNamespace(
             req_ids=list(self.rows),
             num_prompt_tokens=np.asarray([self.prompt_len[r] for r in self.rows]),
+            # vLLM marks greedy rows with a negative temperature
+            temperature_cpu=np.asarray([self.temperature[r] or -1.0 for r in self.rows]),
         )
         schedule = SimpleNamespace(
             finished_req_ids=set(finished),
             num_scheduled_tokens={r: 1 for r in self.rows},
             total_num_scheduled_tokens=len(self.rows),
         )
-        self.proposer.scheduled(batch, schedule, 0.0)
+        self.proposer.scheduled(batch, schedule, None)  # untimed: the tests give the cost
         table = np.zeros((len(self.rows), MAX_LEN), dtype=np.int32)
         counts = np.zeros(len(self.rows), dtype=np.int32)
         for i, rid in enumerate(self.rows):
@@ -158,17 +149,54 @@ def test_a_failing_drafter_gives_empty_drafts_and_is_restarted_cleanly() -> None
     assert rec.fed[max(rec.fed)][-6:] == [1, 2, 3, 4, 5, 6]
 
 
-def test_the_sizing_policy_cuts_chains_and_learns_from_acceptance() -> None:
+def test_requests_ask_for_chains_at_their_temperature() -> None:
     rec = Recorder()
     runner = Runner(make(rec, sizing=True))
-    runner.add("a", [1, 2, 3])
-    drafts = runner.step({"a": [4]})
-    for _ in range(30):
-        drafts = runner.step({"a": drafts[0][:1] + [99]})  # one draft accepted per step
-    stats = runner.proposer.stats()
-    assert stats["sizing"]["steps"] == 30
-    assert stats["accepted_drafts"] > 0
-    assert all(len(d) <= K for d in drafts)
+    runner.add("greedy", [1, 2, 3])
+    runner.add("hot", [4, 5], temperature=0.8)
+    runner.step({"greedy": [4], "hot": [6]})
+    asked = {r.request_id.split(":")[1]: r for r in rec.asked}
+    assert asked["greedy"].temperature == 0.0 and asked["hot"].temperature == pytest.approx(0.8)
+    assert {r.shape for r in rec.asked} == {DraftShape.SIZED_CHAIN}
+    assert all(r.budget == K for r in rec.asked)
+
+
+def embedded(sizing: bool) -> LookaheadProposer:
+    """A proposer over a real embedded drafter, stepped inline."""
+    proposer = make(Recorder(), sizing=sizing)
+    proposer.guard.drafter = LookaheadConfig().build_drafter(num_slots=K + 1, vocab_size=1000)
+    return proposer
+
+
+@pytest.mark.parametrize(
+    ("seconds_at_64", "drafted"),
+    [(64.0, False), (1.0, True)],
+    ids=["every-token-costs-a-step", "flat"],
+)
+def test_sized_chains_follow_the_engine_cost(seconds_at_64: float, drafted: bool) -> None:
+    proposer = embedded(sizing=True)
+    runner = Runner(proposer)
+    text = [11, 12, 13, 14, 15, 16, 17] * 12
+    runner.add("a", text[:40])
+    # before two step sizes are measured the core keeps whole chains (which measures them)
+    drafts = runner.step({"a": text[40:41]})
+    assert len(drafts[0]) == K
+    assert proposer.cost is not None
+    proposer.cost.observe(1, 1.0)
+    proposer.cost.observe(64, seconds_at_64)
+    drafts = runner.step({"a": drafts[0][:2] + text[43:44]})
+    assert (len(drafts[0]) == K) is drafted, drafts
+    if not drafted:
+        assert proposer.stats()["sized_away"] >= K
+
+
+def test_without_sizing_chains_are_whole() -> None:
+    proposer = embedded(sizing=False)
+    assert proposer.cost is None
+    runner = Runner(proposer)
+    text = [11, 12, 13, 14, 15, 16, 17] * 12
+    runner.add("a", text[:40])
+    assert len(runner.step({"a": text[40:41]})[0]) == K
 
 
 def test_a_bad_config_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,14 @@ import importlib
 from typing import TYPE_CHECKING
 
 from lookahead_client.errors import LookaheadError
-from lookahead_client.types import Drafter, DraftTree, StepRequest
+from lookahead_client.types import (
+    DraftBatch,
+    Drafter,
+    DraftShape,
+    DraftTree,
+    EngineCost,
+    StepRequest,
+)
 
 if TYPE_CHECKING:
     from lookahead_client.embedded import EmbeddedDrafter
@@ -23,8 +30,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AsyncRemoteDrafter",
+    "DraftBatch",
+    "DraftShape",
     "Drafter",
     "DraftTree",
+    "EngineCost",
     "EmbeddedDrafter",
     "LookaheadError",
     "RemoteDrafter",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lookahead_client._native import NativeDrafter
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
 __all__ = ["EmbeddedDrafter"]
 
@@ -87,11 +87,29 @@ class EmbeddedDrafter:
         """Loads a finished text (a past output, a document) into the shared statistics."""
         self._native.ingest(list(tokens))
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        """One engine step: feeds every request its new tokens and drafts one tree each.
+    def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
+        """One engine step: feeds every request its new tokens and drafts one tree each
+        (sized shapes cut against ``cost``).
 
         Requests are independent: when one is refused the others are still applied, and the
         first refusal is raised after the whole step.
+        """
+        batch = self.step_batch(requests, cost)
+        if batch.errors:
+            raise batch.errors[min(batch.errors)]
+        return batch.trees()
+
+    def step_batch(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> DraftBatch:
+        """Like :meth:`step`, but the trees come as NumPy columns and refusals in
+        ``errors`` (nothing is raised for a refused request).
+
+        Raises:
+            InvalidArgumentError: ``cost`` or a request's ``shape`` is invalid (naming the
+                field); nothing was applied.
         """
         items = [
             (
@@ -102,21 +120,15 @@ class EmbeddedDrafter:
                 r.finished,
                 r.budget,
                 r.group,
+                int(r.shape),
+                float(r.temperature),
             )
             for r in requests
         ]
-        results = self._native.step(items)
-        trees: list[DraftTree] = []
-        first_error: BaseException | None = None
-        for result in results:
-            if isinstance(result, BaseException):
-                first_error = first_error or result
-                trees.append(DraftTree.empty())
-            else:
-                trees.append(_tree(result))
-        if first_error is not None:
-            raise first_error
-        return trees
+        roots, sizes, tokens, parents, scores, errors = self._native.step(
+            items, None if cost is None else cost.as_tuple()
+        )
+        return DraftBatch(roots, sizes, tokens, parents, scores, dict(errors))
 
     def stats(self) -> dict[str, int | float]:
         """Counters: active requests, trie nodes, memory, drafts, reported acceptance..."""

@@ -3,10 +3,63 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
-__all__ = ["DraftTree", "StepRequest", "Drafter"]
+import numpy as np
+
+__all__ = ["DraftBatch", "DraftShape", "DraftTree", "Drafter", "EngineCost", "StepRequest"]
+
+
+class DraftShape(IntEnum):
+    """The shape of a request's draft (numbered as ``DraftShape`` in the proto)."""
+
+    #: A tree of at most ``budget`` nodes.
+    TREE = 0
+    #: The best path, at most ``budget`` tokens.
+    CHAIN = 1
+    #: A tree of zero up to ``budget`` nodes, chosen against the step's :class:`EngineCost`.
+    SIZED_TREE = 2
+    #: A chain of zero up to ``budget`` tokens, chosen against the step's :class:`EngineCost`.
+    SIZED_CHAIN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCost:
+    """An engine's step time by the tokens it verifies, for the sized shapes of a step.
+
+    The drafter cuts sized drafts to the lengths that maximise the step's expected tokens per
+    second (zero when plain decoding wins). Checked by the drafter: a bad curve is refused
+    with :class:`~lookahead_client.errors.InvalidArgumentError` naming ``cost.tokens`` or
+    ``cost.seconds``.
+
+    Attributes:
+        tokens: tokens verified by a step, strictly increasing, each >= 1; the time is linear
+            between points and beyond the last.
+        seconds: the step's seconds at each point: finite, > 0, non-decreasing.
+        padded: every row verifies as many slots as the widest (one width for the batch: the
+            Hugging Face loop, SGLang); otherwise every request its own length (vLLM).
+        base_tokens: tokens the step verifies without drafts (0: one per request).
+        explore_every: every this many steps, draft one token beyond the best choice so the
+            curve stays measured where the choice is made (0: never).
+    """
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+    padded: bool = False
+    base_tokens: int = 0
+    explore_every: int = 0
+
+    def as_tuple(self) -> tuple[list[int], list[float], bool, int, int]:
+        """The form the native drafter takes."""
+        return (
+            [int(t) for t in self.tokens],
+            [float(s) for s in self.seconds],
+            bool(self.padded),
+            int(self.base_tokens),
+            int(self.explore_every),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +166,10 @@ class StepRequest:
         accepted_last: how many draft tokens of the previous step's tree were accepted
             (feedback for metrics and adaptive drafting; -1 when unknown).
         finished: the request is over after ``new_tokens``; no draft is returned.
+        shape: the draft's shape (:class:`DraftShape`; default a tree of ``budget`` nodes).
+        temperature: the request's sampling temperature (0: greedy). The drafter's scores are
+            calibrated at it: a sampling engine accepts a draft token with the model's
+            probability of it, so drafts are worth less at high temperatures.
         group: read with ``prompt`` (when the request starts): the group the request belongs
             to. Requests of one group draft from each other's outputs, running and finished
             (samples of one prompt side by side: RL rollouts, ``n > 1``, best-of-n). ``None``:
@@ -127,6 +184,70 @@ class StepRequest:
     accepted_last: int = -1
     finished: bool = False
     group: str | None = None
+    shape: DraftShape = DraftShape.TREE
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """The trees of one step as NumPy columns (the layout of ``StepResponse`` in the proto):
+    tree ``i`` has root ``roots[i]`` and the ``sizes[i]`` nodes starting at ``offsets[i]`` of
+    ``tokens``, ``parents`` (indices within the tree, -1: the root) and ``scores``. A request
+    that failed has an empty tree and its exception in ``errors``.
+
+    Engines read the columns directly (a chain's tokens are ``batch.nodes(i)``); ``tree(i)``
+    builds a :class:`DraftTree` for code that wants one.
+    """
+
+    roots: np.ndarray
+    sizes: np.ndarray
+    tokens: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    errors: dict[int, Exception] = field(default_factory=dict)
+    offsets: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=offsets[1:])
+        object.__setattr__(self, "offsets", offsets)
+
+    @classmethod
+    def from_trees(cls, trees: Sequence[DraftTree]) -> DraftBatch:
+        """The columns of some trees."""
+        return cls(
+            np.asarray([t.root for t in trees], dtype=np.int64),
+            np.asarray([len(t) for t in trees], dtype=np.uint32),
+            np.asarray([x for t in trees for x in t.tokens], dtype=np.int64),
+            np.asarray([x for t in trees for x in t.parents], dtype=np.int32),
+            np.asarray([x for t in trees for x in t.scores], dtype=np.float32),
+        )
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def nodes(self, i: int) -> np.ndarray:
+        """The draft tokens of tree ``i``, breadth-first (a chain's tokens in order)."""
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+    def tree(self, i: int) -> DraftTree:
+        """Tree ``i`` as a :class:`DraftTree`."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return DraftTree(
+            int(self.roots[i]),
+            tuple(self.tokens[a:b].tolist()),
+            tuple(self.parents[a:b].tolist()),
+            tuple(self.scores[a:b].tolist()),
+        )
+
+    def trees(self) -> list[DraftTree]:
+        """Every tree as a :class:`DraftTree`."""
+        return [self.tree(i) for i in range(len(self))]
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftBatch(trees={len(self)}, nodes={len(self.tokens)}, errors={sorted(self.errors)})"
+        )
 
 
 @runtime_checkable
@@ -136,8 +257,11 @@ class Drafter(Protocol):
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Begins a request with its prompt."""
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        """One engine step: feeds each request its new tokens and returns one tree each."""
+    def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
+        """One engine step: feeds each request its new tokens and returns one tree each
+        (sized shapes cut against ``cost``)."""
 
     def end(self, request_id: str) -> None:
         """Ends a request; its text stays available to later requests."""

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lookahead_client.types import StepRequest
+from lookahead_client.types import DraftShape, StepRequest
 
 __all__ = ["RequestView", "StepPlan", "RequestBook"]
 
@@ -44,12 +44,19 @@ class RequestView:
     :attr:`total` tokens, counted when it is made.
     """
 
-    __slots__ = ("rid", "prompt", "output", "spliced", "total", "_lens")
+    __slots__ = ("rid", "prompt", "output", "spliced", "total", "temperature", "_lens")
 
     def __init__(
-        self, rid: str, prompt: Sequence[int], output: Sequence[int], spliced: Sequence[int] = ()
+        self,
+        rid: str,
+        prompt: Sequence[int],
+        output: Sequence[int],
+        spliced: Sequence[int] = (),
+        temperature: float = 0.0,
     ) -> None:
         self.rid = rid
+        #: The request's sampling temperature (0: greedy).
+        self.temperature = temperature
         self.prompt = prompt
         self.output = output
         self.spliced = spliced
@@ -109,11 +116,13 @@ class RequestBook:
 
     Args:
         budget: the draft nodes asked for each request (SGLang's slots minus the root, or
-            the tree a vLLM chain is chosen from).
+            vLLM's speculative tokens).
+        shape: the shape asked for every request (vLLM: a chain, sized by default).
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, shape: DraftShape = DraftShape.TREE) -> None:
         self.budget = budget
+        self.shape = shape
         self._tracked: dict[str, _Tracked] = {}
         self._failures: dict[str, int] = {}
         self._disabled: set[str] = set()
@@ -178,6 +187,8 @@ class RequestBook:
                         new_tokens=view.generated(),
                         budget=self.budget,
                         prompt=_ints(view.prompt),
+                        shape=self.shape,
+                        temperature=view.temperature,
                     )
                 )
                 continue
@@ -194,6 +205,8 @@ class RequestBook:
                     new_tokens=new,
                     budget=self.budget,
                     accepted_last=accepted,
+                    shape=self.shape,
+                    temperature=view.temperature,
                 )
             )
         return plan

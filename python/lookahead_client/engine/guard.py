@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.types import Drafter, DraftTree, StepRequest
+from lookahead_client.types import Drafter, DraftTree, EngineCost, StepRequest
 
 __all__ = ["DraftGuard", "Outcome", "guard_for"]
 
@@ -63,14 +63,21 @@ class Outcome:
 class _Call:
     """One drafter call running on the guard's thread."""
 
-    __slots__ = ("requests", "token", "done", "result", "error")
+    __slots__ = ("requests", "token", "cost", "done", "result", "error")
 
-    def __init__(self, requests: list[StepRequest], token: Any) -> None:
+    def __init__(self, requests: list[StepRequest], token: Any, cost: EngineCost | None) -> None:
         self.requests = requests
         self.token = token
+        self.cost = cost
         self.done = threading.Event()
         self.result: list[DraftTree] | None = None
         self.error: BaseException | None = None
+
+    def step(self, drafter: Drafter) -> list[DraftTree]:
+        """The drafter's step (the cost only where there is one: baselines take none)."""
+        if self.cost is None:
+            return drafter.step(self.requests)
+        return drafter.step(self.requests, self.cost)
 
 
 def _outcome_of(call: _Call) -> Outcome:
@@ -148,7 +155,7 @@ class DraftGuard:
         while True:
             call = self._queue.get()
             try:
-                call.result = self.drafter.step(call.requests)
+                call.result = call.step(self.drafter)
             except BaseException as e:  # noqa: BLE001 - every failure becomes an Outcome
                 call.error = e
             call.done.set()
@@ -186,21 +193,24 @@ class DraftGuard:
         self.skipped_steps += 1
         self.fallback_steps += 1
 
-    def run(self, requests: Sequence[StepRequest], token: Any = None) -> Outcome:
+    def run(
+        self, requests: Sequence[StepRequest], token: Any = None, cost: EngineCost | None = None
+    ) -> Outcome:
         """One drafter step. Never raises (but see :attr:`busy`: the caller must not run a step
         while a late one is running, or the late one's outcome would be lost).
 
         Args:
             requests: the step's requests.
             token: handed back with the outcome by :meth:`collect` if the call is late.
+            cost: the engine's cost, for sized shapes.
         """
         if self.busy:
             raise RuntimeError("DraftGuard.run while a late call is running; check busy first")
-        call = _Call(list(requests), token)
+        call = _Call(list(requests), token, cost)
         deadline, self._next_deadline = self._next_deadline, self.deadline
         if deadline is None:
             try:
-                call.result = self.drafter.step(call.requests)
+                call.result = call.step(self.drafter)
             except Exception as e:  # noqa: BLE001 - every failure becomes an Outcome
                 call.error = e
             call.done.set()

@@ -28,7 +28,7 @@ from lookahead_client.remote.wire import (
     stats_dict,
     status_code,
 )
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
 __all__ = ["AsyncRemoteDrafter"]
 
@@ -160,11 +160,13 @@ class AsyncRemoteDrafter(RemoteSettings):
 
     # -- steps ----------------------------------------------------------------------------
 
-    async def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    async def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
         """One engine step: one tree per request (empty trees if the server is unavailable
         or too slow). Raises like ``RemoteDrafter.step``."""
         async with self._serial():
-            return await self._drive(self._plan(requests))
+            return await self._drive(self._plan(requests, cost))
 
     async def _drive(self, plan: StepPlan) -> list[DraftTree]:
         conn = self._connection()

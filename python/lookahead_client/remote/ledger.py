@@ -35,7 +35,7 @@ from lookahead_client.remote.wire import (
     response_columns,
     server_tree,
 )
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
 __all__ = ["Exchange", "Ledger", "StepPlan"]
 
@@ -76,9 +76,15 @@ class Ledger:
             del self.pending_ends[dropped]
             _log.debug("dropping the owed finish of %r (too many owed)", dropped)
 
-    def plan(self, requests: Sequence[StepRequest], namespace: str, step_id: int) -> StepPlan:
-        """The plan of one step over ``requests``."""
-        return StepPlan(self, requests, namespace, step_id)
+    def plan(
+        self,
+        requests: Sequence[StepRequest],
+        namespace: str,
+        step_id: int,
+        cost: EngineCost | None = None,
+    ) -> StepPlan:
+        """The plan of one step over ``requests`` (sized shapes cut against ``cost``)."""
+        return StepPlan(self, requests, namespace, step_id, cost)
 
 
 # What an entry of a step message is (plain ints: this is the per-request hot path).
@@ -103,6 +109,8 @@ class _Entry:
         "prompt",
         "tracked",
         "group",
+        "shape",
+        "temperature",
     )
 
     def __init__(
@@ -117,6 +125,8 @@ class _Entry:
         prompt: list[int] | None,
         tracked: _Tracked | None,
         group: str | None = None,
+        shape: int = 0,
+        temperature: float = 0.0,
     ) -> None:
         self.kind = kind
         self.index = index  # the caller's index; -1 for _OWED_END
@@ -128,6 +138,8 @@ class _Entry:
         self.prompt = prompt
         self.tracked = tracked
         self.group = group
+        self.shape = shape
+        self.temperature = temperature
 
 
 def _root(tokens: list[int]) -> int:
@@ -143,9 +155,15 @@ class StepPlan:
     """One step: the messages to send and what their answers mean for the ledger."""
 
     def __init__(
-        self, ledger: Ledger, requests: Sequence[StepRequest], namespace: str, step_id: int
+        self,
+        ledger: Ledger,
+        requests: Sequence[StepRequest],
+        namespace: str,
+        step_id: int,
+        cost: EngineCost | None = None,
     ) -> None:
         self._ledger = ledger
+        self._cost = cost
         self._namespace = namespace
         self._step_id = step_id
         self._trees: list[DraftTree | None] = [None] * len(requests)
@@ -181,6 +199,8 @@ class StepPlan:
                     prompt,
                     tracked,
                     r.group,
+                    int(r.shape),
+                    float(r.temperature),
                 )
             )
         if ledger.pending_ends:
@@ -249,6 +269,16 @@ class StepPlan:
     def _message(self, entries: list[_Entry]) -> pb.StepRequest:
         self._in_flight = entries
         message = pb.StepRequest(namespace=self._namespace, step_id=self._step_id)
+        cost = self._cost
+        if cost is not None:
+            try:
+                message.cost.tokens.extend(cost.tokens)
+                message.cost.seconds.extend(cost.seconds)
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(f"cost: {exc}", field="cost") from exc
+            message.cost.padded = cost.padded
+            message.cost.base_tokens = cost.base_tokens
+            message.cost.explore_every = cost.explore_every
         add = message.requests.add
         pending_ends = self._ledger.pending_ends
         for e in entries:
@@ -258,6 +288,12 @@ class StepPlan:
                 item.request_id = e.request_id
                 field = "budget"
                 item.budget = e.budget
+                if e.shape:
+                    field = "shape"
+                    item.shape = e.shape
+                if e.temperature:
+                    field = "temperature"
+                    item.temperature = e.temperature
                 if e.finished:
                     item.finished = True
                 if e.kind == _RESYNC:

@@ -48,7 +48,7 @@ from lookahead_client.remote.wire import (
     stats_dict,
     status_code,
 )
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
 __all__ = ["RemoteDrafter", "RemoteSettings", "StepTimeout", "fork_generation"]
 
@@ -161,8 +161,8 @@ class RemoteSettings:
         self._availability = self._new_availability()
         return True
 
-    def _plan(self, requests: Sequence[StepRequest]) -> StepPlan:
-        return self._ledger.plan(requests, self.namespace, next(self._step_ids))
+    def _plan(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> StepPlan:
+        return self._ledger.plan(requests, self.namespace, next(self._step_ids), cost)
 
     def _step_timeout(self, fresh_channel: bool) -> float:
         """The step deadline: the first call of a channel also connects, and gets
@@ -323,9 +323,11 @@ class RemoteDrafter(RemoteSettings):
 
     # -- steps ----------------------------------------------------------------------------
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
         """One engine step: one tree per request, in order (empty trees if the server is
-        unavailable or too slow).
+        unavailable or too slow); sized shapes are cut against ``cost``.
 
         Raises:
             LookaheadError: a request was refused (the subclass names the field); the
@@ -333,7 +335,7 @@ class RemoteDrafter(RemoteSettings):
                 request's index (-1: the whole step was refused).
         """
         with self._lock:
-            return self._drive(self._plan(requests))
+            return self._drive(self._plan(requests, cost))
 
     def _drive(self, plan: StepPlan) -> list[DraftTree]:
         conn = self._connection()

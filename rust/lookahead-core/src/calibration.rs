@@ -16,10 +16,14 @@
 //!
 //! In a cluster every drafter also keeps the counts recorded since they were last taken, for
 //! the other drafters to add to theirs ([`Calibration::take_recorded`], [`Calibration::add`]).
+//!
+//! A last stage, [`crate::realise`], scales the estimates by what they realised at the
+//! request's sampling temperature.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::cluster::{CalibrationCount, CalibrationCounts};
+use crate::realise::Realisation;
 use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// What the request's own history says about a candidate.
@@ -266,6 +270,8 @@ pub(crate) struct Calibration {
     combined: Box<[Counter]>,
     /// Counts recorded since last taken, every table's in turn (in a cluster only).
     recorded: Option<Box<[Counter]>>,
+    /// The last stage, by temperature: what the estimates realised.
+    pub realised: Realisation,
 }
 
 fn table(n: usize) -> Box<[Counter]> {
@@ -281,6 +287,7 @@ impl Default for Calibration {
             sibling: table(SIBLING_KEYS),
             combined: table(BASE_BUCKETS * SIBLING_KEYS),
             recorded: None,
+            realised: Realisation::default(),
         }
     }
 }
@@ -304,7 +311,7 @@ impl Calibration {
     /// Heap bytes of the tables.
     pub fn heap_bytes(&self) -> usize {
         let recorded = self.recorded.as_ref().map_or(0, |r| r.len());
-        (COUNTERS + recorded) * size_of::<Counter>()
+        (COUNTERS + recorded) * size_of::<Counter>() + self.realised.heap_bytes()
     }
 
     /// The same tables, also keeping the counts recorded from now on for

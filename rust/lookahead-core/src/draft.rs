@@ -13,6 +13,7 @@ use crate::calibration::{
     Calibration, Evidence, GlobalEvidence, Keys, LocalEvidence, SiblingEvidence,
 };
 use crate::group_index::{GroupIndex, GroupMatch, MemberSet, SiblingContinuation};
+use crate::realise::{self, Source};
 use crate::request::Considered;
 use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
 use crate::tree::DraftTree;
@@ -38,6 +39,8 @@ pub(crate) struct DraftParams {
     pub budget: usize,
     pub min_score: f32,
     pub chain: bool,
+    /// The band of the request's sampling temperature ([`temperature_band`]).
+    pub temperature_band: usize,
 }
 
 /// Where to draft from: the request's index and its context in the shared trie.
@@ -68,9 +71,12 @@ pub(crate) struct GroupSource<'a> {
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.
 pub(crate) struct Draft {
+    /// Scores realised at the request's temperature ([`crate::realise`]).
     pub tree: DraftTree,
     pub growth_tokens: Vec<Token>,
     pub growth_parents: Vec<i32>,
+    /// Per growth node: its realisation cell and predicted conditional probability.
+    pub growth_realised: Vec<(u16, f32)>,
     pub considered: Vec<Considered>,
 }
 
@@ -78,6 +84,8 @@ struct GrowthNode {
     token: Token,
     parent: i32,
     score: f32,
+    /// The calibration keys it was estimated with.
+    keys: Keys,
     local: LocalMatch,
     group: Option<GroupMatch>,
     anchor: Option<u32>,
@@ -236,6 +244,7 @@ impl Builder<'_> {
                 token: c.token,
                 parent: c.parent,
                 score: c.score,
+                keys: self.considered[c.seq as usize].keys,
                 local,
                 group,
                 anchor,
@@ -433,19 +442,37 @@ impl Builder<'_> {
         }
     }
 
-    /// Reorders the grown nodes breadth-first (by depth, then score) into a [`DraftTree`].
+    /// Realises the scores at the request's temperature and reorders the grown nodes
+    /// breadth-first (by depth, then score) into a [`DraftTree`].
     fn finish(self, root: Token) -> Draft {
         let n = self.nodes.len();
         let mut depth = vec![0u32; n];
-        for i in 0..n {
-            let p = self.nodes[i].parent;
-            depth[i] = if p < 0 { 1 } else { depth[p as usize] + 1 };
+        let mut score = vec![0f32; n];
+        let mut realised = Vec::with_capacity(n);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (parent_depth, raw_parent, parent_score) = match node.parent {
+                -1 => (0, 1.0, 1.0),
+                p => {
+                    let p = p as usize;
+                    (depth[p], self.nodes[p].score, score[p])
+                }
+            };
+            depth[i] = parent_depth + 1;
+            let predicted = (node.score / raw_parent.max(f32::MIN_POSITIVE)).min(1.0);
+            let cell = realise::cell(
+                self.params.temperature_band,
+                Source::of(&node.keys),
+                depth[i] as usize,
+                predicted,
+            );
+            realised.push((cell, predicted));
+            score[i] = parent_score * self.src.calibration.realised.adjust(cell, predicted);
         }
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| {
             depth[a]
                 .cmp(&depth[b])
-                .then(self.nodes[b].score.total_cmp(&self.nodes[a].score))
+                .then(score[b].total_cmp(&score[a]))
                 .then(a.cmp(&b))
         });
         let mut new_index = vec![0i32; n];
@@ -462,12 +489,13 @@ impl Builder<'_> {
                     p => new_index[p as usize],
                 })
                 .collect(),
-            scores: order.iter().map(|&i| self.nodes[i].score).collect(),
+            scores: order.iter().map(|&i| score[i]).collect(),
         };
         Draft {
             tree,
             growth_tokens: self.nodes.iter().map(|n| n.token).collect(),
             growth_parents: self.nodes.iter().map(|n| n.parent).collect(),
+            growth_realised: realised,
             considered: self.considered,
         }
     }

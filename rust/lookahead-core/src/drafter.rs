@@ -20,13 +20,12 @@ use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::group::{Group, GroupKey, MAX_GROUP_NAME_BYTES, member_key};
+use crate::realise::{Realisation, temperature_band};
 use crate::remote_text::RemoteTexts;
 use crate::request::{LastDraft, RequestState, TrieCursor};
 use crate::siblings::SiblingResponses;
-use crate::snapshot::{
-    Reader, SNAPSHOT_VERSION, SNAPSHOT_VERSION_WITHOUT_CLUSTER, SnapshotError, Writer, frame,
-    unframe,
-};
+use crate::sizing::{self, CostCurve, Layout, StepCost};
+use crate::snapshot::{Reader, SNAPSHOT_VERSION, SnapshotError, Writer, frame, unframe};
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
@@ -50,11 +49,41 @@ pub struct StepItem<'a> {
     pub accepted_last: Option<u32>,
     /// The request ends after `new_tokens`; its tree is empty.
     pub finished: bool,
-    /// Draft nodes wanted (root excluded); 0 gives an empty tree.
+    /// Draft nodes wanted (root excluded), the cap of a sized shape; 0 gives an empty tree.
     pub budget: usize,
+    /// The draft's shape: a tree or a chain, of `budget` nodes or sized.
+    pub shape: DraftShape,
+    /// The request's sampling temperature (0: greedy); drafts are worth less when it is high.
+    pub temperature: f32,
     /// The group the request belongs to, read when it starts (with `prompt`). `None` or empty:
     /// the requests with the same prompt. At most [`MAX_GROUP_NAME_BYTES`] bytes.
     pub group: Option<&'a str>,
+}
+
+/// The shape of a request's draft.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftShape {
+    /// A tree of at most `budget` nodes.
+    #[default]
+    Tree,
+    /// The best path, at most `budget` tokens.
+    Chain,
+    /// A tree of zero up to `budget` nodes, chosen against the step's cost.
+    SizedTree,
+    /// A chain of zero up to `budget` tokens, chosen against the step's cost.
+    SizedChain,
+}
+
+impl DraftShape {
+    /// Whether every node has at most one child.
+    pub fn is_chain(self) -> bool {
+        matches!(self, Self::Chain | Self::SizedChain)
+    }
+
+    /// Whether the length is chosen against the step's cost.
+    pub fn is_sized(self) -> bool {
+        matches!(self, Self::SizedTree | Self::SizedChain)
+    }
 }
 
 /// Counters of a drafter.
@@ -82,6 +111,8 @@ pub struct Stats {
     pub accepted_reported: u64,
     /// Number of accepted counts engines reported.
     pub steps_reported: u64,
+    /// Draft nodes built for sized drafts and cut because they did not pay.
+    pub sized_away: u64,
     /// Groups with an active request.
     pub active_groups: usize,
     /// Heap bytes of the groups (members' outputs and group indexes), part of `memory_bytes`.
@@ -98,6 +129,8 @@ struct Counters {
     draft_nodes: AtomicU64,
     accepted_reported: AtomicU64,
     steps_reported: AtomicU64,
+    costed_steps: AtomicU64,
+    sized_away: AtomicU64,
 }
 
 /// A drafter: per-request indexes plus one shared trie, safe to share between threads.
@@ -250,21 +283,36 @@ impl Drafter {
 
     /// A step of one item: what the single-request calls are made of.
     fn step_one(&self, item: StepItem<'_>) -> Result<DraftTree, DraftError> {
-        self.run_step(&[item], false)
+        self.run_step(&[item], None, false)
             .pop()
             .unwrap_or(Ok(DraftTree::default()))
     }
 
     /// One engine step: per item, start, append, draft (or end); then the shared-trie inserts.
-    /// Items are independent: one's error does not affect the others.
+    /// Items are independent: one's error does not affect the others. Sized drafts keep
+    /// their whole caps (no cost is known: see [`Self::step_costed`]).
     pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
-        self.run_step(items, false)
+        self.run_step(items, None, false)
+    }
+
+    /// Like [`Self::step`], with sized drafts cut to the lengths that pay most against the
+    /// engine's `cost` (see [`crate::sizing`]).
+    pub fn step_costed(
+        &self,
+        items: &[StepItem<'_>],
+        cost: &StepCost,
+    ) -> Vec<Result<DraftTree, DraftError>> {
+        self.run_step(items, Some(cost), false)
     }
 
     /// Like [`Self::step`] but leaves the shared-trie inserts queued for
     /// [`Self::flush_inserts`], so a server can answer before inserting.
-    pub fn step_deferred(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
-        self.run_step(items, true)
+    pub fn step_deferred(
+        &self,
+        items: &[StepItem<'_>],
+        cost: Option<&StepCost>,
+    ) -> Vec<Result<DraftTree, DraftError>> {
+        self.run_step(items, cost, true)
     }
 
     /// Bulk-loads a finished text (a past output, a document) into the shared trie.
@@ -473,10 +521,8 @@ impl Drafter {
         trie.encode(&mut w);
         self.calibration.encode(&mut w);
         self.siblings.lock().encode(&mut w);
-        if !self.config.record_for_cluster {
-            return frame(&w.buf, SNAPSHOT_VERSION_WITHOUT_CLUSTER);
-        }
         self.remote.lock().encode(&mut w);
+        self.calibration.realised.encode(&mut w);
         frame(&w.buf, SNAPSHOT_VERSION)
     }
 
@@ -503,6 +549,9 @@ impl Drafter {
         if version >= 3 {
             let remote = drafter.remote.get_mut();
             *remote = RemoteTexts::decode(&mut r, remote.max_entries(), drafter.config.max_ngram)?;
+        }
+        if version >= 4 {
+            drafter.calibration.realised = Realisation::decode(&mut r)?;
         }
         if !r.is_empty() {
             return Err(SnapshotError::Corrupt("bytes left after the last section"));
@@ -533,6 +582,7 @@ impl Drafter {
             draft_nodes: c.draft_nodes.load(Ordering::Relaxed),
             accepted_reported: c.accepted_reported.load(Ordering::Relaxed),
             steps_reported: c.steps_reported.load(Ordering::Relaxed),
+            sized_away: c.sized_away.load(Ordering::Relaxed),
             active_groups: self.groups.lock().len(),
             group_bytes: self.group_bytes.load(Ordering::Relaxed),
             cluster_dropped: self.learned.lock().dropped() + self.group_updates.lock().dropped(),
@@ -553,6 +603,11 @@ impl Drafter {
     }
 
     fn validate(&self, item: &StepItem<'_>) -> Result<(), DraftError> {
+        if !(item.temperature.is_finite() && item.temperature >= 0.0) {
+            return Err(DraftError::InvalidTemperature {
+                value: item.temperature,
+            });
+        }
         if item.budget > self.config.max_budget {
             return Err(DraftError::BudgetTooLarge {
                 budget: item.budget,
@@ -795,7 +850,12 @@ impl Drafter {
         Ok(shared)
     }
 
-    fn run_step(&self, items: &[StepItem<'_>], defer: bool) -> Vec<Result<DraftTree, DraftError>> {
+    fn run_step(
+        &self,
+        items: &[StepItem<'_>],
+        cost: Option<&StepCost>,
+        defer: bool,
+    ) -> Vec<Result<DraftTree, DraftError>> {
         // 1. validate and apply tokens (each request under its own lock)
         let applied: Vec<Result<SharedRequest, DraftError>> = items
             .iter()
@@ -812,7 +872,7 @@ impl Drafter {
                     if item.finished || item.budget == 0 {
                         return DraftTree::empty(state.own_text().last().copied());
                     }
-                    let tree = self.draft_locked(&mut state, &trie, item.budget, &mut context);
+                    let tree = self.draft_locked(&mut state, &trie, item, &mut context);
                     if state.accounted_bytes != 0 {
                         self.account(&mut state); // not once ended: its bytes left the total
                     }
@@ -820,6 +880,7 @@ impl Drafter {
                 }));
             }
         }
+        self.size(items, &mut results, cost);
         // 3. queue the inserts, then apply them unless deferred
         {
             let mut pending = self.pending.lock();
@@ -840,11 +901,58 @@ impl Drafter {
         results
     }
 
+    /// Cuts the sized drafts of a step to the lengths that pay most against its cost
+    /// ([`crate::sizing`]); without a cost, every size costs the same (whole caps).
+    fn size(
+        &self,
+        items: &[StepItem<'_>],
+        results: &mut [Result<DraftTree, DraftError>],
+        cost: Option<&StepCost>,
+    ) {
+        let sized: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].shape.is_sized() && results[i].is_ok())
+            .collect();
+        if sized.is_empty() {
+            return;
+        }
+        let gains: Vec<Vec<f32>> = sized
+            .iter()
+            .map(|&i| match &results[i] {
+                Ok(tree) => tree.best_first_scores(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let refs: Vec<&[f32]> = gains.iter().map(Vec::as_slice).collect();
+        let decoding = items.iter().filter(|item| !item.finished).count() as u32;
+        let lengths = match cost {
+            Some(cost) => {
+                let step = self.counters.costed_steps.fetch_add(1, Ordering::Relaxed);
+                let every = u64::from(cost.explore_every);
+                let explore = every > 0 && step % every == every - 1;
+                let base = if cost.base_tokens > 0 {
+                    cost.base_tokens
+                } else {
+                    decoding
+                };
+                sizing::choose(&refs, &cost.curve, cost.layout, base, explore)
+            }
+            None => sizing::choose(&refs, &CostCurve::flat(), Layout::Ragged, decoding, false),
+        };
+        for (&i, length) in sized.iter().zip(lengths) {
+            if let Ok(tree) = &mut results[i] {
+                self.counters
+                    .sized_away
+                    .fetch_add((tree.len() - length) as u64, Ordering::Relaxed);
+                *tree = tree.keep_best(length);
+            }
+        }
+    }
+
     fn draft_locked(
         &self,
         state: &mut RequestState,
         trie: &NgramTrie,
-        budget: usize,
+        item: &StepItem<'_>,
         context: &mut Vec<(u32, u32)>,
     ) -> DraftTree {
         let Some(&root) = state.own_text().last() else {
@@ -862,9 +970,10 @@ impl Drafter {
             group: group.draft_source(state.member),
         };
         let params = DraftParams {
-            budget,
+            budget: item.budget,
             min_score: self.config.min_score,
-            chain: self.config.chain,
+            chain: self.config.chain || item.shape.is_chain(),
+            temperature_band: temperature_band(item.temperature),
         };
         let draft = build(&sources, root, state.sam.longest_earlier_suffix(), params);
         drop(group);
@@ -876,6 +985,7 @@ impl Drafter {
             text_len: state.sam.text().len(),
             tree_tokens: draft.growth_tokens,
             tree_parents: draft.growth_parents,
+            tree_realised: draft.growth_realised,
             considered: draft.considered,
         };
         draft.tree

@@ -40,6 +40,12 @@ pub enum DraftError {
         /// The configured maximum.
         max: usize,
     },
+    /// The sampling temperature is negative or not a number.
+    #[error("temperature {value} must be a finite number >= 0 (0: greedy)")]
+    InvalidTemperature {
+        /// The temperature given.
+        value: f32,
+    },
     /// The request would hold more tokens than allowed.
     #[error("request_id {request_id:?} would hold {tokens} tokens, above the maximum {max}")]
     RequestTooLong {
@@ -81,6 +87,7 @@ impl DraftError {
             Self::UnknownRequest { .. } | Self::RequestAlreadyActive { .. } => "request_id",
             Self::TokenOutOfRange { field, .. } => field,
             Self::BudgetTooLarge { .. } => "budget",
+            Self::InvalidTemperature { .. } => "temperature",
             Self::GroupNameTooLong { .. } => "group",
             Self::CalibrationCounts { .. } => "calibration",
             Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => "tokens",

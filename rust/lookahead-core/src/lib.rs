@@ -15,9 +15,11 @@ mod error;
 mod group;
 mod group_index;
 mod hashing;
+mod realise;
 mod remote_text;
 mod request;
 mod siblings;
+pub mod sizing;
 mod snapshot;
 mod suffix_automaton;
 mod tree;
@@ -25,9 +27,10 @@ mod trie;
 
 pub use cluster::{CalibrationCount, CalibrationCounts, GroupUpdate, LearnedText};
 pub use config::{ConfigError, DrafterConfig};
-pub use drafter::{Drafter, Stats, StepItem};
+pub use drafter::{DraftShape, Drafter, Stats, StepItem};
 pub use error::DraftError;
 pub use group::{GroupKey, MAX_GROUP_NAME_BYTES};
+pub use sizing::{CostCurve, CostError, Layout, StepCost};
 pub use snapshot::{SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotError};
 pub use tree::DraftTree;
 

@@ -36,6 +36,8 @@ pub(crate) struct LastDraft {
     pub text_len: usize,
     pub tree_tokens: Vec<Token>,
     pub tree_parents: Vec<i32>,
+    /// Per tree node: its realisation cell and predicted conditional probability.
+    pub tree_realised: Vec<(u16, f32)>,
     pub considered: Vec<Considered>,
 }
 
@@ -112,6 +114,7 @@ impl RequestState {
         self.sam.heap_bytes()
             + self.cursor.suffix_nodes.capacity() * 4
             + self.last_draft.tree_tokens.capacity() * 8
+            + self.last_draft.tree_realised.capacity() * size_of::<(u16, f32)>()
             + self.last_draft.considered.capacity() * size_of::<Considered>()
     }
 
@@ -277,6 +280,17 @@ fn score_draft(draft: &LastDraft, truth: &[Token], calibration: &Calibration) {
                 .filter(|&d| truth.get(d) == Some(&tok))
                 .map(|d| d + 1),
         );
+    }
+    for (i, &(cell, predicted)) in draft.tree_realised.iter().enumerate() {
+        let p = draft.tree_parents[i];
+        let parent_depth = if p < 0 { Some(0) } else { on_path[p as usize] };
+        if let Some(d) = parent_depth
+            && let Some(&truth_token) = truth.get(d)
+        {
+            calibration
+                .realised
+                .record(cell, predicted, truth_token == draft.tree_tokens[i]);
+        }
     }
     for c in &draft.considered {
         let parent_depth = if c.parent < 0 {

@@ -13,11 +13,9 @@ use crate::config::ConfigError;
 /// The magic bytes that open every snapshot.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"LKAHSNAP";
 /// The snapshot format this build writes; it reads this one and every earlier one (format 1
-/// had no sibling calibration; format 2 has no place of other drafters' running requests, and
-/// is still what a drafter outside a cluster writes).
-pub const SNAPSHOT_VERSION: u32 = 3;
-/// The format a drafter outside a cluster writes: the same bytes as before format 3.
-pub(crate) const SNAPSHOT_VERSION_WITHOUT_CLUSTER: u32 = 2;
+/// had no sibling calibration; format 2 no place of other drafters' running requests, which
+/// format 3 added; format 4 adds the realised acceptance by temperature).
+pub const SNAPSHOT_VERSION: u32 = 4;
 
 /// Why a snapshot was refused.
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -37,6 +37,42 @@ impl DraftTree {
         self.tokens.is_empty()
     }
 
+    /// The node scores in best-first order (highest first): the expected gain of each further
+    /// node kept by [`Self::keep_best`].
+    pub fn best_first_scores(&self) -> Vec<f32> {
+        let mut scores = self.scores.clone();
+        scores.sort_by(|a, b| b.total_cmp(a));
+        scores
+    }
+
+    /// The tree of its `n` best nodes (highest scores; among equal ones the earlier), still
+    /// breadth-first. Scores never increase along a path, so the kept nodes form a tree.
+    pub fn keep_best(&self, n: usize) -> DraftTree {
+        if n >= self.len() {
+            return self.clone();
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|&a, &b| self.scores[b].total_cmp(&self.scores[a]).then(a.cmp(&b)));
+        let mut kept = order[..n].to_vec();
+        kept.sort_unstable();
+        let mut new_index = vec![-1i32; self.len()];
+        for (new, &old) in kept.iter().enumerate() {
+            new_index[old] = new as i32;
+        }
+        DraftTree {
+            root: self.root,
+            tokens: kept.iter().map(|&i| self.tokens[i]).collect(),
+            parents: kept
+                .iter()
+                .map(|&i| match self.parents[i] {
+                    -1 => -1,
+                    p => new_index[p as usize],
+                })
+                .collect(),
+            scores: kept.iter().map(|&i| self.scores[i]).collect(),
+        }
+    }
+
     /// Depth of each node: children of the root have depth 1.
     pub fn depths(&self) -> Vec<usize> {
         let mut depths: Vec<usize> = Vec::with_capacity(self.len());

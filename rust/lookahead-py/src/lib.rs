@@ -2,7 +2,11 @@
 //! conversion, GIL release around the core, and core errors turned into the typed exceptions
 //! of `lookahead_client.errors`.
 
-use lookahead_core::{DraftError, DraftTree, Drafter, DrafterConfig, StepItem, Token};
+use lookahead_core::{
+    CostCurve, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, Layout, StepCost,
+    StepItem, Token,
+};
+use numpy::IntoPyArray;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -27,6 +31,7 @@ fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
         DraftError::RequestAlreadyActive { .. } => "RequestAlreadyActiveError",
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
+        | DraftError::InvalidTemperature { .. }
         | DraftError::GroupNameTooLong { .. }
         | DraftError::CalibrationCounts { .. } => "InvalidArgumentError",
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
@@ -63,7 +68,7 @@ fn tree_tuple<'py>(py: Python<'py>, tree: DraftTree) -> PyResult<Bound<'py, PyTu
 }
 
 /// One request of a step as Python passes it: `(request_id, prompt or None, new_tokens,
-/// accepted_last, finished, budget, group or None)`.
+/// accepted_last, finished, budget, group or None, shape, temperature)`.
 type PyStepItem = (
     String,
     Option<Vec<i64>>,
@@ -72,7 +77,12 @@ type PyStepItem = (
     bool,
     usize,
     Option<String>,
+    u8,
+    f32,
 );
+
+/// A step's cost as Python passes it: `(tokens, seconds, padded, base_tokens, explore_every)`.
+type PyCost = (Vec<u32>, Vec<f64>, bool, u32, u32);
 
 /// One request of a step, as converted from Python.
 struct OwnedItem {
@@ -83,6 +93,60 @@ struct OwnedItem {
     finished: bool,
     budget: usize,
     group: Option<String>,
+    shape: DraftShape,
+    temperature: f32,
+}
+
+/// The draft shape numbered as in the proto's `DraftShape`.
+fn shape(py: Python<'_>, value: u8) -> PyResult<DraftShape> {
+    Ok(match value {
+        0 => DraftShape::Tree,
+        1 => DraftShape::Chain,
+        2 => DraftShape::SizedTree,
+        3 => DraftShape::SizedChain,
+        _ => {
+            let message = format!("shape = {value} is not a DraftShape (0 to 3)");
+            return Err(typed_error(py, "InvalidArgumentError", message, "shape"));
+        }
+    })
+}
+
+/// The step cost from its Python tuple, refused naming the bad field.
+fn step_cost(py: Python<'_>, cost: PyCost) -> PyResult<StepCost> {
+    let (tokens, seconds, padded, base_tokens, explore_every) = cost;
+    let curve = CostCurve::new(tokens, seconds)
+        .map_err(|e| typed_error(py, "InvalidArgumentError", e.to_string(), e.field()))?;
+    Ok(StepCost {
+        curve,
+        layout: if padded {
+            Layout::Padded
+        } else {
+            Layout::Ragged
+        },
+        base_tokens,
+        explore_every,
+    })
+}
+
+/// The columns of a step's trees (see `StepResponse` in the proto), and its failed items.
+#[derive(Default)]
+struct Columns {
+    roots: Vec<i64>,
+    sizes: Vec<u32>,
+    tokens: Vec<i64>,
+    parents: Vec<i32>,
+    scores: Vec<f32>,
+}
+
+impl Columns {
+    fn push(&mut self, tree: &DraftTree) {
+        self.roots.push(tree.root.map_or(-1, i64::from));
+        self.sizes.push(tree.len() as u32);
+        self.tokens
+            .extend(tree.tokens.iter().map(|&t| i64::from(t)));
+        self.parents.extend_from_slice(&tree.parents);
+        self.scores.extend_from_slice(&tree.scores);
+    }
 }
 
 /// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
@@ -160,20 +224,23 @@ impl NativeDrafter {
     }
 
     /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
-    /// accepted_last (-1: unknown), finished, budget, group or None)`; the result has, per
-    /// item, either a tuple `(root, tokens, parents, scores)` or the exception that item
-    /// raised.
+    /// accepted_last (-1: unknown), finished, budget, group or None, shape, temperature)`;
+    /// `cost` is None or `(tokens, seconds, padded, base_tokens, explore_every)`. Returns
+    /// `(roots, sizes, tokens, parents, scores, errors)`: the trees as NumPy columns (a failed
+    /// item has root -1 and size 0) and `[(index, exception)]` for the items that failed.
+    #[pyo3(signature = (items, cost=None))]
     fn step<'py>(
         &self,
         py: Python<'py>,
         items: Vec<Bound<'py, PyTuple>>,
-    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        cost: Option<PyCost>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let mut owned = Vec::with_capacity(items.len());
         for item in &items {
-            let (request_id, prompt, new_tokens, accepted_last, finished, budget, group): PyStepItem =
+            let (request_id, prompt, new_tokens, accepted_last, finished, budget, group, shape_, temperature): PyStepItem =
                 item.extract().map_err(|e| {
                 PyValueError::new_err(format!(
-                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget, group|None): {e}"
+                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget, group|None, shape, temperature): {e}"
                 ))
             })?;
             owned.push(OwnedItem {
@@ -184,8 +251,11 @@ impl NativeDrafter {
                 finished,
                 budget,
                 group,
+                shape: shape(py, shape_)?,
+                temperature,
             });
         }
+        let cost = cost.map(|c| step_cost(py, c)).transpose()?;
         let results = py.detach(|| {
             let items: Vec<StepItem<'_>> = owned
                 .iter()
@@ -197,17 +267,35 @@ impl NativeDrafter {
                     finished: o.finished,
                     budget: o.budget,
                     group: o.group.as_deref(),
+                    shape: o.shape,
+                    temperature: o.temperature,
                 })
                 .collect();
-            self.inner.step(&items)
+            match &cost {
+                Some(cost) => self.inner.step_costed(&items, cost),
+                None => self.inner.step(&items),
+            }
         });
-        results
-            .into_iter()
-            .map(|r| match r {
-                Ok(tree) => tree_tuple(py, tree).map(Bound::into_any),
-                Err(e) => Ok(draft_error(py, &e).into_value(py).into_bound(py).into_any()),
-            })
-            .collect()
+        let mut columns = Columns::default();
+        let mut errors = Vec::new();
+        for (index, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(tree) => columns.push(&tree),
+                Err(e) => {
+                    columns.push(&DraftTree::default());
+                    errors.push((index, draft_error(py, &e).into_value(py)));
+                }
+            }
+        }
+        (
+            columns.roots.into_pyarray(py),
+            columns.sizes.into_pyarray(py),
+            columns.tokens.into_pyarray(py),
+            columns.parents.into_pyarray(py),
+            columns.scores.into_pyarray(py),
+            errors,
+        )
+            .into_pyobject(py)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -224,6 +312,7 @@ impl NativeDrafter {
         d.set_item("draft_nodes", s.draft_nodes)?;
         d.set_item("accepted_reported", s.accepted_reported)?;
         d.set_item("steps_reported", s.steps_reported)?;
+        d.set_item("sized_away", s.sized_away)?;
         d.set_item("active_groups", s.active_groups)?;
         d.set_item("group_bytes", s.group_bytes)?;
         Ok(d)

@@ -72,6 +72,7 @@ pub fn core_error(context: &str, error: &DraftError) -> RequestError {
         DraftError::RequestAlreadyActive { .. } => ErrorCode::RequestAlreadyActive,
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
+        | DraftError::InvalidTemperature { .. }
         | DraftError::GroupNameTooLong { .. }
         | DraftError::CalibrationCounts { .. } => ErrorCode::InvalidArgument,
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
-use lookahead_core::{ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepItem};
+use lookahead_core::{
+    ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepCost, StepItem,
+};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
@@ -271,9 +273,13 @@ impl Namespace {
     /// inserts to the flush thread (they are applied after the answer is produced).
     /// While a snapshot is being encoded, a step does not wait for the inserts of earlier
     /// steps (they are applied right after the snapshot).
-    pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
+    pub fn step(
+        &self,
+        items: &[StepItem<'_>],
+        cost: Option<&StepCost>,
+    ) -> Vec<Result<DraftTree, DraftError>> {
         self.flush.settle_unless_snapshotting(&self.drafter);
-        let results = self.drafter.step_deferred(items);
+        let results = self.drafter.step_deferred(items, cost);
         self.flush.pending.store(true, Ordering::Release);
         match &self.wake {
             Some(wake) => match wake.try_send(()) {
@@ -495,11 +501,11 @@ mod tests {
         assert_eq!(set.names(), vec!["a".to_string(), "default".to_string()]);
 
         let prompt = [1, 2, 3, 1, 2];
-        let results = a.step(&[item("r", Some(&prompt), &[], 4)]);
+        let results = a.step(&[item("r", Some(&prompt), &[], 4)], None);
         assert!(results[0].is_ok());
         // The other namespace does not know the request.
         let other = set.get("default").expect("exists");
-        let results = other.step(&[item("r", None, &[3], 4)]);
+        let results = other.step(&[item("r", None, &[3], 4)], None);
         assert!(matches!(results[0], Err(DraftError::UnknownRequest { .. })));
         assert_eq!(a.stats().active_requests, 1);
         assert_eq!(other.stats().active_requests, 0);
@@ -510,7 +516,7 @@ mod tests {
         let set = Namespaces::new(DrafterConfig::default(), 1, Arc::default());
         let ns = set.get_or_create("x").expect("created");
         assert_eq!(ns.end_if_active("r"), Ok(false));
-        assert!(ns.step(&[item("r", Some(&[5, 6]), &[], 0)])[0].is_ok());
+        assert!(ns.step(&[item("r", Some(&[5, 6]), &[], 0)], None)[0].is_ok());
         assert_eq!(ns.end_if_active("r"), Ok(true));
         assert_eq!(ns.stats().active_requests, 0);
     }

@@ -305,6 +305,7 @@ impl Lookahead for LookaheadService {
             steps_reported: s.steps_reported,
             active_groups: n(s.active_groups),
             group_bytes: n(s.group_bytes),
+            sized_away: s.sized_away,
         }))
     }
 

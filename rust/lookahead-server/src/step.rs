@@ -5,11 +5,15 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use lookahead_core::{DraftTree, MAX_GROUP_NAME_BYTES, StepItem};
+use lookahead_core::{
+    CostCurve, DraftShape, DraftTree, Layout, MAX_GROUP_NAME_BYTES, StepCost, StepItem,
+};
 
 use crate::convert::{ResponseBuilder, core_error, push_tokens, request_error};
 use crate::namespaces::{Namespace, NamespaceError, Namespaces};
-use crate::pb::{ErrorCode, RequestError, RequestStep, StepRequest, StepResponse};
+use crate::pb::{
+    self, EngineCost, ErrorCode, RequestError, RequestStep, StepRequest, StepResponse,
+};
 
 /// The longest request id accepted, in bytes.
 pub const MAX_REQUEST_ID_LEN: usize = 256;
@@ -80,6 +84,8 @@ struct Checked<'a> {
     budget: usize,
     reset: bool,
     group: Option<&'a str>,
+    shape: DraftShape,
+    temperature: f32,
 }
 
 /// Runs one step against `namespaces`.
@@ -132,6 +138,8 @@ fn run_checked_step(
         });
     }
 
+    let cost = request.cost.as_ref().map(step_cost).transpose()?;
+
     let mut results: Vec<Option<Result<DraftTree, RequestError>>> = vec![None; n];
     let mut tokens: Vec<u32> = Vec::new();
     let mut checked: Vec<Checked<'_>> = Vec::with_capacity(n);
@@ -169,9 +177,11 @@ fn run_checked_step(
             finished: c.finished,
             budget: c.budget,
             group: c.group,
+            shape: c.shape,
+            temperature: c.temperature,
         })
         .collect();
-    let outcomes = namespace.step(&items);
+    let outcomes = namespace.step(&items, cost.as_ref());
     for (c, outcome) in checked.iter().zip(outcomes) {
         results[c.index] =
             Some(outcome.map_err(|e| core_error(&context(c.index, c.request_id), &e)));
@@ -237,6 +247,25 @@ fn refuse_starts_over_limit(
 }
 
 /// How errors name a request: `requests[3] ("req-7")`.
+/// The step's cost curve, or the whole step refused naming the bad field.
+fn step_cost(cost: &EngineCost) -> Result<StepCost, Refusal> {
+    let curve = CostCurve::new(cost.tokens.clone(), cost.seconds.clone()).map_err(|e| Refusal {
+        code: tonic::Code::InvalidArgument,
+        field: e.field(),
+        message: e.to_string(),
+    })?;
+    Ok(StepCost {
+        curve,
+        layout: if cost.padded {
+            Layout::Padded
+        } else {
+            Layout::Ragged
+        },
+        base_tokens: cost.base_tokens,
+        explore_every: cost.explore_every,
+    })
+}
+
 fn context(index: usize, request_id: &str) -> String {
     format!("requests[{index}] ({request_id:?})")
 }
@@ -286,6 +315,27 @@ fn check<'a>(
             ),
         ));
     }
+    let shape = match pb::DraftShape::try_from(step.shape) {
+        Ok(pb::DraftShape::Tree) => DraftShape::Tree,
+        Ok(pb::DraftShape::Chain) => DraftShape::Chain,
+        Ok(pb::DraftShape::SizedTree) => DraftShape::SizedTree,
+        Ok(pb::DraftShape::SizedChain) => DraftShape::SizedChain,
+        Err(_) => {
+            return Err(invalid(
+                "shape",
+                format!("shape = {} is not a DraftShape", step.shape),
+            ));
+        }
+    };
+    if !(step.temperature.is_finite() && step.temperature >= 0.0) {
+        return Err(invalid(
+            "temperature",
+            format!(
+                "temperature = {} must be a finite number >= 0 (0: greedy)",
+                step.temperature
+            ),
+        ));
+    }
     if step.group.len() > MAX_GROUP_NAME_BYTES {
         return Err(invalid(
             "group",
@@ -325,6 +375,8 @@ fn check<'a>(
         budget,
         reset: step.reset,
         group: Some(step.group.as_str()).filter(|g| !g.is_empty()),
+        shape,
+        temperature: step.temperature,
     })
 }
 
@@ -362,7 +414,53 @@ mod tests {
             namespace: String::new(),
             step_id: 9,
             requests,
+            cost: None,
         }
+    }
+
+    #[test]
+    fn shapes_temperatures_and_costs_are_checked() {
+        let set = Namespaces::new(DrafterConfig::default(), 2, Arc::default());
+        let text: Vec<i64> = (0..28).map(|i| 10 + i % 4).collect();
+        let mut requests = vec![
+            rs("sized", Some(text.clone()), vec![], 8),
+            rs("tree", Some(text.clone()), vec![], 8),
+            rs("hot", Some(vec![1, 2]), vec![], 4),
+            rs("shape", Some(vec![1, 2]), vec![], 4),
+        ];
+        requests[0].shape = pb::DraftShape::SizedChain as i32;
+        requests[2].temperature = f32::NAN;
+        requests[3].shape = 7;
+        let mut request = step(requests);
+        // every verified token costs a whole step: sized drafts are cut to nothing
+        request.cost = Some(EngineCost {
+            tokens: vec![1, 100],
+            seconds: vec![1.0, 100.0],
+            ..EngineCost::default()
+        });
+        let response = run_step(&set, &limits(), request.clone()).expect("answered");
+        assert_eq!(response.sizes[0], 0, "sized away");
+        assert!(response.sizes[1] > 0, "an unsized tree keeps its nodes");
+        assert_eq!(
+            code(&response, 2),
+            Some((ErrorCode::InvalidArgument, "temperature".into()))
+        );
+        assert_eq!(
+            code(&response, 3),
+            Some((ErrorCode::InvalidArgument, "shape".into()))
+        );
+        // a decreasing curve refuses the whole step, naming the field; nothing is applied
+        request.cost = Some(EngineCost {
+            tokens: vec![1, 2],
+            seconds: vec![2.0, 1.0],
+            ..EngineCost::default()
+        });
+        request.requests.truncate(1);
+        request.requests[0].prompt = None;
+        request.requests[0].new_tokens = vec![11];
+        let refusal = run_step(&set, &limits(), request).expect_err("refused");
+        assert_eq!(refusal.field, "cost.seconds");
+        assert_eq!(refusal.code, tonic::Code::InvalidArgument);
     }
 
     /// The error of request `index`, as (code, field).

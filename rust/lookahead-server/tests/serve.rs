@@ -91,6 +91,7 @@ async fn steps_errors_health_and_shutdown() {
     // A unary step: one good request, one bad; the bad one does not fail the call.
     let response = client
         .step(StepRequest {
+            cost: None,
             namespace: "t".into(),
             step_id: 1,
             requests: vec![
@@ -113,6 +114,7 @@ async fn steps_errors_health_and_shutdown() {
     // A bad namespace fails the unary call with INVALID_ARGUMENT naming the field.
     let status = client
         .step(StepRequest {
+            cost: None,
             namespace: "bad name".into(),
             ..StepRequest::default()
         })
@@ -138,6 +140,7 @@ async fn steps_errors_health_and_shutdown() {
 
     // A message above the limit is refused, and the server keeps serving.
     let big = StepRequest {
+        cost: None,
         namespace: "t".into(),
         step_id: 2,
         requests: vec![request("big", Some(vec![100_000; 40_000]), vec![], 0)],
@@ -161,6 +164,7 @@ async fn steps_errors_health_and_shutdown() {
         .expect("stream opens")
         .into_inner();
     tx.send(StepRequest {
+        cost: None,
         namespace: "t".into(),
         step_id: 10,
         requests: vec![request("a", None, vec![3], 4)],
@@ -171,6 +175,7 @@ async fn steps_errors_health_and_shutdown() {
     assert_eq!(first.step_id, 10);
     assert_eq!(first.roots, vec![3]);
     tx.send(StepRequest {
+        cost: None,
         namespace: "bad name".into(),
         step_id: 11,
         requests: vec![],

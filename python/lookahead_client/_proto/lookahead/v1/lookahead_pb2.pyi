@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DraftShape(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRAFT_SHAPE_TREE: _ClassVar[DraftShape]
+    DRAFT_SHAPE_CHAIN: _ClassVar[DraftShape]
+    DRAFT_SHAPE_SIZED_TREE: _ClassVar[DraftShape]
+    DRAFT_SHAPE_SIZED_CHAIN: _ClassVar[DraftShape]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -14,6 +21,10 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_UNKNOWN_REQUEST: _ClassVar[ErrorCode]
     ERROR_CODE_REQUEST_ALREADY_ACTIVE: _ClassVar[ErrorCode]
     ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+DRAFT_SHAPE_TREE: DraftShape
+DRAFT_SHAPE_CHAIN: DraftShape
+DRAFT_SHAPE_SIZED_TREE: DraftShape
+DRAFT_SHAPE_SIZED_CHAIN: DraftShape
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_INVALID_ARGUMENT: ErrorCode
 ERROR_CODE_UNKNOWN_REQUEST: ErrorCode
@@ -27,17 +38,33 @@ class TokenList(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("namespace", "step_id", "requests")
+    __slots__ = ("namespace", "step_id", "requests", "cost")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     step_id: int
     requests: _containers.RepeatedCompositeFieldContainer[RequestStep]
-    def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ...) -> None: ...
+    cost: EngineCost
+    def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ..., cost: _Optional[_Union[EngineCost, _Mapping]] = ...) -> None: ...
+
+class EngineCost(_message.Message):
+    __slots__ = ("tokens", "seconds", "padded", "base_tokens", "explore_every")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PADDED_FIELD_NUMBER: _ClassVar[int]
+    BASE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPLORE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    seconds: _containers.RepeatedScalarFieldContainer[float]
+    padded: bool
+    base_tokens: int
+    explore_every: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., seconds: _Optional[_Iterable[float]] = ..., padded: _Optional[bool] = ..., base_tokens: _Optional[int] = ..., explore_every: _Optional[int] = ...) -> None: ...
 
 class RequestStep(_message.Message):
-    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group")
+    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group", "shape", "temperature")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +73,8 @@ class RequestStep(_message.Message):
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: TokenList
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -54,7 +83,9 @@ class RequestStep(_message.Message):
     budget: int
     reset: bool
     group: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ..., group: _Optional[str] = ...) -> None: ...
+    shape: DraftShape
+    temperature: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ..., group: _Optional[str] = ..., shape: _Optional[_Union[DraftShape, str]] = ..., temperature: _Optional[float] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "roots", "sizes", "tokens", "parents", "scores", "errors", "error")
@@ -113,7 +144,7 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node", "active_groups", "group_bytes")
+    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node", "active_groups", "group_bytes", "sized_away")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TRIE_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +159,7 @@ class StatsResponse(_message.Message):
     TRIE_BYTES_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SIZED_AWAY_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     active_requests: int
     trie_nodes: int
@@ -142,7 +174,8 @@ class StatsResponse(_message.Message):
     trie_bytes_per_node: float
     active_groups: int
     group_bytes: int
-    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ..., active_groups: _Optional[int] = ..., group_bytes: _Optional[int] = ...) -> None: ...
+    sized_away: int
+    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ..., active_groups: _Optional[int] = ..., group_bytes: _Optional[int] = ..., sized_away: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

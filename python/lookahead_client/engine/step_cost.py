@@ -1,0 +1,78 @@
+"""The engine's cost curve handed to the drafter's native step.
+
+Engines measure their own step times; :class:`StepCostFeed` fits them with
+:class:`~lookahead_client.cost.CostModel` and turns the fit into the compact
+:class:`~lookahead_client.types.EngineCost` curve the core sizes drafts against (the core
+picks the lengths; Python only measures). The curve is refreshed every few steps, since the
+fit moves slowly and a refit costs more than a step of drafting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lookahead_client.cost import CostModel, token_knots
+from lookahead_client.types import EngineCost
+
+__all__ = ["StepCostFeed"]
+
+# Steps between two refits of the curve handed to the core.
+_REFRESH_EVERY = 8
+# Every this many steps the core drafts one token beyond its choice (see EngineCost).
+_EXPLORE_EVERY = 32
+
+
+class StepCostFeed:
+    """Measured step times in, :class:`EngineCost` curves out.
+
+    Args:
+        padded: the engine verifies one width for the whole batch (else ragged lengths).
+        max_tokens: the largest step (tokens verified) to describe.
+        explore_every: see :class:`EngineCost` (0: never).
+    """
+
+    def __init__(
+        self, *, padded: bool = False, max_tokens: int = 4096, explore_every: int = _EXPLORE_EVERY
+    ) -> None:
+        self.model = CostModel(max_tokens=max_tokens)
+        self.padded = padded
+        self.explore_every = explore_every
+        self._knots = token_knots(max_tokens).astype(np.int64)
+        self._curve: EngineCost | None = None
+        self._age = 0
+        self._context = 0
+        self._rows = 1
+
+    def observe(
+        self, tokens: int, seconds: float, *, rows: int = 1, context: int = 0, pairs: int = 0
+    ) -> None:
+        """One measured step of ``rows`` requests: ``tokens`` verified in ``seconds`` over
+        ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`). The
+        curve describes steps like the last one measured."""
+        self.model.observe(tokens, seconds, context=context, pairs=pairs)
+        self._context, self._rows = context, max(1, rows)
+
+    def curve(self) -> EngineCost | None:
+        """The current curve, or None while fewer than two step sizes were measured (the
+        core then keeps whole drafts, which measures the larger sizes)."""
+        if not self.model.ready:
+            return None
+        if self._curve is None or self._age >= _REFRESH_EVERY:
+            tokens = self._knots
+            # query-key pairs of the batch, its tokens spread evenly over its rows
+            pairs = tokens * (self._context + tokens) // self._rows
+            seconds = self.model.predict(tokens, self._context, pairs)
+            # the fit is non-decreasing in tokens; guard the floor against rounding
+            seconds = np.maximum.accumulate(np.maximum(seconds, 1e-9))
+            self._curve = EngineCost(
+                tuple(int(t) for t in tokens),
+                tuple(float(s) for s in seconds),
+                padded=self.padded,
+                explore_every=self.explore_every,
+            )
+            self._age = 0
+        self._age += 1
+        return self._curve
+
+    def __repr__(self) -> str:
+        return f"StepCostFeed(padded={self.padded}, {self.model!r})"
