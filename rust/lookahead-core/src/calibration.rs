@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::cluster::{CalibrationCount, CalibrationCounts};
-use crate::realise::Realisation;
+use crate::realise;
 use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// What the request's own history says about a candidate.
@@ -246,8 +246,9 @@ const GLOBAL_AT: usize = LOCAL_AT + LOCAL_KEYS;
 const PAIR_AT: usize = GLOBAL_AT + GLOBAL_KEYS;
 const SIBLING_AT: usize = PAIR_AT + LOCAL_KEYS * GLOBAL_KEYS;
 const COMBINED_AT: usize = SIBLING_AT + SIBLING_KEYS;
+const REALISED_AT: usize = COMBINED_AT + BASE_BUCKETS * SIBLING_KEYS;
 /// Counters in all tables: the layout [`CalibrationCounts`] must have to apply here.
-const COUNTERS: usize = COMBINED_AT + BASE_BUCKETS * SIBLING_KEYS;
+const COUNTERS: usize = REALISED_AT + realise::CELLS;
 /// The most trials one count may add (counts of one counter above it are refused).
 const MAX_ADDED_TRIALS: u32 = u32::MAX / 4;
 
@@ -270,8 +271,8 @@ pub(crate) struct Calibration {
     combined: Box<[Counter]>,
     /// Counts recorded since last taken, every table's in turn (in a cluster only).
     recorded: Option<Box<[Counter]>>,
-    /// The last stage, by temperature: what the estimates realised.
-    pub realised: Realisation,
+    /// The last stage, by temperature: what the estimates realised ([`crate::realise`]).
+    realised: Box<[Counter]>,
 }
 
 fn table(n: usize) -> Box<[Counter]> {
@@ -287,7 +288,7 @@ impl Default for Calibration {
             sibling: table(SIBLING_KEYS),
             combined: table(BASE_BUCKETS * SIBLING_KEYS),
             recorded: None,
-            realised: Realisation::default(),
+            realised: table(realise::CELLS),
         }
     }
 }
@@ -298,20 +299,21 @@ fn noisy_or(a: f32, b: f32) -> f32 {
 }
 
 impl Calibration {
-    fn tables(&self) -> [&[Counter]; 5] {
+    fn tables(&self) -> [&[Counter]; 6] {
         [
             &self.local,
             &self.global,
             &self.pair,
             &self.sibling,
             &self.combined,
+            &self.realised,
         ]
     }
 
     /// Heap bytes of the tables.
     pub fn heap_bytes(&self) -> usize {
         let recorded = self.recorded.as_ref().map_or(0, |r| r.len());
-        (COUNTERS + recorded) * size_of::<Counter>() + self.realised.heap_bytes()
+        (COUNTERS + recorded) * size_of::<Counter>()
     }
 
     /// The same tables, also keeping the counts recorded from now on for
@@ -416,10 +418,15 @@ impl Calibration {
     }
 
     /// Reads counters written by [`Self::encode`]; table sizes must match this build's.
-    /// Snapshots of format 1 have no sibling tables: those start empty.
+    /// Snapshots of format 1 have no sibling tables, those before format 4 no realisation
+    /// table: those start empty.
     pub fn decode(r: &mut Reader<'_>, version: u32) -> Result<Self, SnapshotError> {
         let cal = Self::default();
-        let tables = if version < 2 { 3 } else { 5 };
+        let tables = match version {
+            1 => 3,
+            2..=3 => 5,
+            _ => 6,
+        };
         for table in cal.tables().into_iter().take(tables) {
             if r.len(8)? != table.len() {
                 return Err(SnapshotError::Corrupt("calibration table size"));
@@ -436,14 +443,31 @@ impl Calibration {
         Ok(cal)
     }
 
+    /// A draft node's conditional probability, predicted at `predicted`, as realised in its
+    /// cell ([`crate::realise`]).
+    pub fn realised(&self, cell: u16, predicted: f32) -> f32 {
+        let c = &self.realised[cell as usize];
+        let trials = c.trials.load(Ordering::Relaxed) as f32;
+        let hits = c.hits.load(Ordering::Relaxed) as f32;
+        realise::adjust(cell, predicted, trials, hits)
+    }
+
+    /// Records whether a draft node of realisation cell `cell` was realised.
+    pub fn record_realised(&self, cell: u16, hit: bool) {
+        self.count(&self.realised, REALISED_AT, cell as usize, hit);
+    }
+
+    /// Counts an outcome in `table` (at `offset` among all tables), and for the cluster.
+    fn count(&self, table: &[Counter], offset: usize, i: usize, hit: bool) {
+        table[i].record(hit);
+        if let Some(recorded) = &self.recorded {
+            recorded[offset + i].record(hit);
+        }
+    }
+
     /// Records whether a candidate with these keys was accepted.
     pub fn record(&self, keys: Keys, hit: bool) {
-        let count = |table: &[Counter], offset: usize, i: usize| {
-            table[i].record(hit);
-            if let Some(recorded) = &self.recorded {
-                recorded[offset + i].record(hit);
-            }
-        };
+        let count = |table: &[Counter], offset: usize, i: usize| self.count(table, offset, i, hit);
         let (lk, gk) = (keys.local as usize, keys.global as usize);
         if lk != 0 {
             count(&self.local, LOCAL_AT, lk);

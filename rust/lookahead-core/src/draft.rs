@@ -75,8 +75,8 @@ pub(crate) struct Draft {
     pub tree: DraftTree,
     pub growth_tokens: Vec<Token>,
     pub growth_parents: Vec<i32>,
-    /// Per growth node: its realisation cell and predicted conditional probability.
-    pub growth_realised: Vec<(u16, f32)>,
+    /// Per growth node: its realisation cell.
+    pub growth_realised: Vec<u16>,
     pub considered: Vec<Considered>,
 }
 
@@ -465,8 +465,8 @@ impl Builder<'_> {
                 depth[i] as usize,
                 predicted,
             );
-            realised.push((cell, predicted));
-            score[i] = parent_score * self.src.calibration.realised.adjust(cell, predicted);
+            realised.push(cell);
+            score[i] = parent_score * self.src.calibration.realised(cell, predicted);
         }
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by(|&a, &b| {

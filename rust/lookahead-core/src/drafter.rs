@@ -20,7 +20,7 @@ use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::group::{Group, GroupKey, MAX_GROUP_NAME_BYTES, member_key};
-use crate::realise::{Realisation, temperature_band};
+use crate::realise::temperature_band;
 use crate::remote_text::RemoteTexts;
 use crate::request::{LastDraft, RequestState, TrieCursor};
 use crate::siblings::SiblingResponses;
@@ -522,7 +522,6 @@ impl Drafter {
         self.calibration.encode(&mut w);
         self.siblings.lock().encode(&mut w);
         self.remote.lock().encode(&mut w);
-        self.calibration.realised.encode(&mut w);
         frame(&w.buf, SNAPSHOT_VERSION)
     }
 
@@ -549,9 +548,6 @@ impl Drafter {
         if version >= 3 {
             let remote = drafter.remote.get_mut();
             *remote = RemoteTexts::decode(&mut r, remote.max_entries(), drafter.config.max_ngram)?;
-        }
-        if version >= 4 {
-            drafter.calibration.realised = Realisation::decode(&mut r)?;
         }
         if !r.is_empty() {
             return Err(SnapshotError::Corrupt("bytes left after the last section"));

@@ -9,13 +9,10 @@
 //!
 //! Recorded from the true tokens that follow a draft, for every node whose parent path they
 //! confirm: what the model produced is known whether or not the engine verified the node, so
-//! drafts cut to zero length still teach it. Kept in snapshots (format 4 on); not sent to a
-//! cluster, where each drafter learns it from its own engines.
-
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+//! drafts cut to zero length still teach it. Its counters are a table of the calibration
+//! (in snapshots from format 4, and sent to the other drafters of a cluster).
 
 use crate::calibration::Keys;
-use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// Where a draft node's evidence came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,13 +44,12 @@ const DEPTH_BUCKETS: usize = 6;
 /// Upper edges of the predicted-probability bands (the last band is open).
 const PREDICTED_EDGES: [f32; 7] = [0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9];
 const PREDICTED_BANDS: usize = PREDICTED_EDGES.len() + 1;
-const CELLS: usize = TEMPERATURE_BANDS * SOURCES * DEPTH_BUCKETS * PREDICTED_BANDS;
-/// Predicted acceptances a cell's ratio starts from (at 1: the evidence stage is trusted).
-const PRIOR_WEIGHT: f64 = 4.0;
+/// Cells of the realisation table.
+pub(crate) const CELLS: usize = TEMPERATURE_BANDS * SOURCES * DEPTH_BUCKETS * PREDICTED_BANDS;
+/// Pseudo-trials at the band's prediction a cell starts from (the evidence stage is trusted).
+const PRIOR_WEIGHT: f32 = 8.0;
 /// The most any conditional probability is scaled to.
 const MAX_CONDITIONAL: f32 = 0.99;
-/// Fixed-point scale of the predicted sums.
-const SCALE: f64 = 1e4;
 
 /// The temperature band of a sampling temperature: greedy, low, medium, high.
 pub(crate) fn temperature_band(temperature: f32) -> usize {
@@ -83,80 +79,16 @@ pub(crate) fn cell(band: usize, source: Source, depth: usize, predicted: f32) ->
         as u16
 }
 
-#[derive(Default)]
-struct Cell {
-    hits: AtomicU32,
-    /// Sum of the predicted probabilities recorded, times [`SCALE`].
-    predicted: AtomicU64,
-}
+/// Representative predicted probability of each predicted band: a cell's realised rate is
+/// compared with it.
+const BAND_MIDS: [f32; PREDICTED_BANDS] = [0.05, 0.15, 0.275, 0.425, 0.575, 0.725, 0.85, 0.95];
 
-/// The realised-to-predicted ratios. Lock-free: concurrent records only blur counts.
-pub(crate) struct Realisation {
-    cells: Box<[Cell]>,
-}
-
-impl Default for Realisation {
-    fn default() -> Self {
-        Self {
-            cells: (0..CELLS).map(|_| Cell::default()).collect(),
-        }
-    }
-}
-
-impl Realisation {
-    /// Heap bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        self.cells.len() * size_of::<Cell>()
-    }
-
-    /// The conditional probability of a node in `cell` predicted at `predicted`, scaled by
-    /// what that cell realised.
-    pub fn adjust(&self, cell: u16, predicted: f32) -> f32 {
-        let c = &self.cells[cell as usize];
-        let hits = f64::from(c.hits.load(Ordering::Relaxed));
-        let predicted_sum = c.predicted.load(Ordering::Relaxed) as f64 / SCALE;
-        let ratio = (hits + PRIOR_WEIGHT) / (predicted_sum + PRIOR_WEIGHT);
-        (predicted * ratio as f32).clamp(0.0, MAX_CONDITIONAL.max(predicted))
-    }
-
-    /// Writes every cell to a snapshot.
-    pub fn encode(&self, w: &mut Writer) {
-        w.len(self.cells.len());
-        for c in self.cells.iter() {
-            w.u32(c.hits.load(Ordering::Relaxed));
-            w.u64(c.predicted.load(Ordering::Relaxed));
-        }
-    }
-
-    /// Reads cells written by [`Self::encode`]; the table size must match this build's.
-    pub fn decode(r: &mut Reader<'_>) -> Result<Self, SnapshotError> {
-        let realisation = Self::default();
-        if r.len(12)? != realisation.cells.len() {
-            return Err(SnapshotError::Corrupt("realisation table size"));
-        }
-        for c in realisation.cells.iter() {
-            c.hits.store(r.u32()?, Ordering::Relaxed);
-            c.predicted.store(r.u64()?, Ordering::Relaxed);
-        }
-        Ok(realisation)
-    }
-
-    /// Records that a node of `cell` predicted at `predicted` was (`hit`) or was not realised.
-    pub fn record(&self, cell: u16, predicted: f32, hit: bool) {
-        let c = &self.cells[cell as usize];
-        // Halve both once large, so the ratio follows a drifting engine and never overflows.
-        let before = c
-            .predicted
-            .fetch_add((f64::from(predicted) * SCALE) as u64, Ordering::Relaxed);
-        if before > (1u64 << 40) {
-            c.predicted.store(before / 2, Ordering::Relaxed);
-            c.hits
-                .store(c.hits.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
-        }
-        if hit {
-            c.hits.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+/// The conditional probability of a node of `cell` predicted at `predicted`, scaled by the
+/// cell's realised rate (`hits` of `trials`) against its band's prediction.
+pub(crate) fn adjust(cell: u16, predicted: f32, trials: f32, hits: f32) -> f32 {
+    let mid = BAND_MIDS[cell as usize % PREDICTED_BANDS];
+    let realised = (hits + PRIOR_WEIGHT * mid) / (trials + PRIOR_WEIGHT);
+    (predicted * realised / mid).clamp(0.0, MAX_CONDITIONAL.max(predicted))
 }
 
 #[cfg(test)]
@@ -164,25 +96,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn temperature_bands_are_learnt_apart() {
-        let r = Realisation::default();
+    fn temperature_bands_have_their_own_cells() {
         let greedy = cell(temperature_band(0.0), Source::Own, 1, 0.7);
         let hot = cell(temperature_band(1.0), Source::Own, 1, 0.7);
         assert_ne!(greedy, hot);
-        for i in 0..400 {
-            r.record(greedy, 0.7, i % 10 != 0); // 90% realised
-            r.record(hot, 0.7, i % 5 == 0); // 20% realised
-        }
-        let (g, h) = (r.adjust(greedy, 0.7), r.adjust(hot, 0.7));
-        assert!((g - 0.89).abs() < 0.05, "greedy {g}");
-        assert!((h - 0.2).abs() < 0.05, "hot {h}");
+        // 90% realised against 20%, over 400 trials each
+        let (g, h) = (
+            adjust(greedy, 0.7, 400.0, 360.0),
+            adjust(hot, 0.7, 400.0, 80.0),
+        );
+        assert!(g > 0.85 && g <= MAX_CONDITIONAL, "greedy {g}");
+        assert!((h - 0.7 * 0.2 / 0.725).abs() < 0.02, "hot {h}");
     }
 
     #[test]
     fn unlearnt_cells_keep_the_prediction() {
-        let r = Realisation::default();
         let c = cell(2, Source::Shared, 7, 0.3);
-        assert!((r.adjust(c, 0.3) - 0.3).abs() < 1e-6);
+        assert!((adjust(c, 0.3, 0.0, 0.0) - 0.3).abs() < 1e-6);
     }
 
     #[test]

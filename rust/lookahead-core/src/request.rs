@@ -36,8 +36,8 @@ pub(crate) struct LastDraft {
     pub text_len: usize,
     pub tree_tokens: Vec<Token>,
     pub tree_parents: Vec<i32>,
-    /// Per tree node: its realisation cell and predicted conditional probability.
-    pub tree_realised: Vec<(u16, f32)>,
+    /// Per tree node: its realisation cell.
+    pub tree_realised: Vec<u16>,
     pub considered: Vec<Considered>,
 }
 
@@ -114,7 +114,7 @@ impl RequestState {
         self.sam.heap_bytes()
             + self.cursor.suffix_nodes.capacity() * 4
             + self.last_draft.tree_tokens.capacity() * 8
-            + self.last_draft.tree_realised.capacity() * size_of::<(u16, f32)>()
+            + self.last_draft.tree_realised.capacity() * 2
             + self.last_draft.considered.capacity() * size_of::<Considered>()
     }
 
@@ -281,15 +281,13 @@ fn score_draft(draft: &LastDraft, truth: &[Token], calibration: &Calibration) {
                 .map(|d| d + 1),
         );
     }
-    for (i, &(cell, predicted)) in draft.tree_realised.iter().enumerate() {
+    for (i, &cell) in draft.tree_realised.iter().enumerate() {
         let p = draft.tree_parents[i];
         let parent_depth = if p < 0 { Some(0) } else { on_path[p as usize] };
         if let Some(d) = parent_depth
             && let Some(&truth_token) = truth.get(d)
         {
-            calibration
-                .realised
-                .record(cell, predicted, truth_token == draft.tree_tokens[i]);
+            calibration.record_realised(cell, truth_token == draft.tree_tokens[i]);
         }
     }
     for c in &draft.considered {
