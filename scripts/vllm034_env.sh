@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds .venv-vllm034, the environment of the vLLM 0.34 tests: the CPU build of vLLM 0.34 in
+# ../shared/vllm-cpu-0.34 (PyPI has none) on its pinned packages, pytest and the gRPC health
+# client (the tests start a real lookahead-server), and this package (editable, no
+# dependencies: its Rust extension is the one the main .venv built; the editable install
+# registers its vllm.general_plugins entry point). Rebuilt only when this script or the shared
+# build changes. Engines need the build's shim on PYTHONPATH (scripts/test.sh sets it).
+#
+# Usage: scripts/vllm034_env.sh   (scripts/test.sh runs it; docs/vllm.md)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV=.venv-vllm034
+SHARED="${VLLM034_DIR:-$ROOT/../shared/vllm-cpu-0.34}"
+WHEEL="$SHARED/vllm-0.34.0+cpu-cp311-cp311-linux_x86_64.whl"
+PIP=(--quiet --disable-pip-version-check)
+for f in "$WHEEL" "$SHARED/constraints.txt" "$SHARED/shim/sitecustomize.py"; do
+    [[ -f "$f" ]] || { echo "vllm034_env: $f is missing (see docs/vllm.md)" >&2; exit 1; }
+done
+# The build's kernels need AVX-512 with BF16: say so instead of failing inside vLLM.
+if ! grep -q avx512_bf16 /proc/cpuinfo; then
+    echo "vllm034_env: this CPU lacks avx512_bf16, which the shared vLLM 0.34 build needs" >&2
+    exit 1
+fi
+stamp=$(cat scripts/vllm034_env.sh "$SHARED/constraints.txt" | sha256sum | cut -c1-16)-$(
+    sha256sum "$WHEEL" | cut -c1-16)
+
+if [[ "$(cat "$VENV/.lookahead-stamp" 2>/dev/null)" != "$stamp" ]]; then
+    echo "building $VENV (vLLM 0.34.0 CPU build, torch 2.14.0; a few minutes the first time)"
+    if ! ldconfig -p | grep -q 'libnuma\.so\.1'; then
+        apt-get update -qq && apt-get install -y -qq libnuma1
+    fi
+    rm -rf "$VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+    py="$VENV/bin/python"
+    "$py" -m pip install "${PIP[@]}" --upgrade pip
+    "$py" -m pip install "${PIP[@]}" -r "$SHARED/constraints.txt"
+    "$py" -m pip install "${PIP[@]}" --no-deps "$WHEEL"
+    "$py" -m pip install "${PIP[@]}" "pytest>=8" "grpcio-health-checking>=1.81.1" \
+        -c "$SHARED/constraints.txt"
+    PYTHONPATH="$SHARED/shim" "$py" -c "import vllm; assert vllm.__version__.startswith('0.34')"
+    echo "$stamp" >"$VENV/.lookahead-stamp"
+fi
+"$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps -e .
