@@ -41,8 +41,9 @@ __all__ = ["CONFIGS", "add_vllm_parser", "run_vllm", "speculative_config"]
 
 #: The configurations, in the order they run.
 CONFIGS = ("plain", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
-#: Also accepted: lookahead embedded with its cost-aware chain lengths, for comparison.
-SIZED_CHAINS = "lookahead-sized"
+#: Also accepted: lookahead embedded proposing every chain whole (``sizing`` off), against its
+#: default lengths sized by the core against the engine's measured cost.
+WHOLE_CHAINS = "lookahead-whole"
 
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _DRAFTS = "vllm:spec_decode_num_drafts"
@@ -70,10 +71,10 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
         }
     if name == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if name in ("lookahead", "lookahead-server", SIZED_CHAINS):
+    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS):
         return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": k}
     raise InvalidArgumentError(
-        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (SIZED_CHAINS,))}",
+        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (WHOLE_CHAINS,))}",
         field="configs",
     )
 
@@ -353,8 +354,8 @@ def run_vllm(args: argparse.Namespace) -> int:
 
                 server = ServerProcess(tcp=False).start()
                 env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})
-            elif name == SIZED_CHAINS:
-                env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": True})
+            elif name == WHOLE_CHAINS:
+                env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
             spec_file = pathlib.Path(tmp, f"{name.replace(':', '-')}.json")
             out_file = spec_file.with_suffix(".out.json")
             spec_file.write_text(
