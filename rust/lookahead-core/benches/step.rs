@@ -1,7 +1,8 @@
 //! Criterion benchmarks of the core: one engine step (draft + insert) at batch 1, 8 and 64
-//! with contexts of 1k to 3k tokens on a warmed drafter, and the memory cost per stored trie
-//! node. Requests finish and new ones start as in an engine, so the drafter stays in a steady
-//! state however many iterations criterion runs.
+//! with contexts of 1k to 3k tokens on a warmed drafter, the native step as vLLM drives it
+//! (chains of 8, whole or sized against a cost curve, at batch 1, 32 and 64), and the memory
+//! cost per stored trie node. Requests finish and new ones start as in an engine, so the
+//! drafter stays in a steady state however many iterations criterion runs.
 //!
 //! The text is synthetic but shaped like real traffic: a vocabulary of 32k ids drawn from a
 //! Zipf-like law, with 30% of each request copied from earlier text (so the trie and the
@@ -10,7 +11,9 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use lookahead_core::{Drafter, DrafterConfig, StepItem, Token};
+use lookahead_core::{
+    CostCurve, DraftShape, Drafter, DrafterConfig, Layout, StepCost, StepItem, Token,
+};
 
 /// A small deterministic generator (xorshift), so the benchmark needs no extra crate.
 struct Rng(u64);
@@ -61,6 +64,10 @@ struct Engine {
     texts: Vec<Vec<Token>>,
     slots: Vec<Slot>,
     started: usize,
+    /// The shape of every draft, its cap, and the step's cost (for sized shapes).
+    shape: DraftShape,
+    budget: usize,
+    cost: Option<StepCost>,
 }
 
 struct Slot {
@@ -83,6 +90,9 @@ impl Engine {
             texts,
             slots: Vec::with_capacity(batch),
             started: 0,
+            shape: DraftShape::Tree,
+            budget: 8,
+            cost: None,
         };
         for slot in 0..batch {
             // stagger the slots so that requests do not all finish at the same step
@@ -101,7 +111,13 @@ impl Engine {
         Slot { id, text, pos }
     }
 
-    /// One engine step: 2 new tokens and a budget-8 draft per request, then the inserts.
+    /// Drafts of `shape` up to `budget`, sized against `cost`.
+    fn drafting(mut self, shape: DraftShape, budget: usize, cost: Option<StepCost>) -> Self {
+        (self.shape, self.budget, self.cost) = (shape, budget, cost);
+        self
+    }
+
+    /// One engine step: 2 new tokens and a draft per request, then the inserts.
     fn step(&mut self) {
         let items: Vec<StepItem<'_>> = self
             .slots
@@ -109,12 +125,16 @@ impl Engine {
             .map(|s| StepItem {
                 request_id: &s.id,
                 new_tokens: &self.texts[s.text][s.pos..s.pos + 2],
-                budget: 8,
+                budget: self.budget,
+                shape: self.shape,
                 finished: s.pos + 4 > REQUEST_TOKENS,
                 ..Default::default()
             })
             .collect();
-        black_box(self.drafter.step(&items));
+        match &self.cost {
+            Some(cost) => black_box(self.drafter.step_costed(&items, cost)),
+            None => black_box(self.drafter.step(&items)),
+        };
         for i in 0..self.slots.len() {
             self.slots[i].pos += 2;
             if self.slots[i].pos + 2 > REQUEST_TOKENS {
@@ -135,6 +155,30 @@ fn engine_step(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("draft_insert_budget8", batch), |b| {
             b.iter(|| engine.step())
         });
+    }
+    group.finish();
+}
+
+/// The native step as vLLM drives it: a chain of K = 8 per request, whole or sized against a
+/// CPU-like cost curve (a verified token costs a tenth of a step), at batch 1, 32 and 64.
+fn native_step(c: &mut Criterion) {
+    let curve = CostCurve::new(vec![1, 64, 512], vec![0.05, 0.1, 0.5]).expect("valid curve");
+    let sized = StepCost {
+        curve,
+        layout: Layout::Ragged,
+        base_tokens: 0,
+        explore_every: 32,
+    };
+    let mut group = c.benchmark_group("native_step");
+    for batch in [1usize, 32, 64] {
+        group.throughput(Throughput::Elements(batch as u64));
+        for (name, shape, cost) in [
+            ("chain8", DraftShape::Chain, None),
+            ("sized_chain8", DraftShape::SizedChain, Some(sized.clone())),
+        ] {
+            let mut engine = Engine::new(batch, 200_000).drafting(shape, 8, cost);
+            group.bench_function(BenchmarkId::new(name, batch), |b| b.iter(|| engine.step()));
+        }
     }
     group.finish();
 }
@@ -175,5 +219,11 @@ fn memory_per_node(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, engine_step, start_request, memory_per_node);
+criterion_group!(
+    benches,
+    engine_step,
+    native_step,
+    start_request,
+    memory_per_node
+);
 criterion_main!(benches);
