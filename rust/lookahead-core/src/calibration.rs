@@ -22,9 +22,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::cluster::{CalibrationCount, CalibrationCounts};
 use crate::realise;
 use crate::snapshot::{Reader, SnapshotError, Writer};
+use crate::types::{CalibrationCount, CalibrationCounts, Keys};
 
 /// What the request's own history says about a candidate.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,17 +69,6 @@ pub(crate) struct Evidence {
     pub local: Option<LocalEvidence>,
     pub global: Option<GlobalEvidence>,
     pub siblings: Option<SiblingEvidence>,
-}
-
-/// The table keys of a candidate's evidence, kept to learn from what happens to it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Keys {
-    pub local: u16,
-    pub global: u16,
-    /// 0 without sibling evidence.
-    pub sibling: u16,
-    /// Bucket of the first-stage estimate (used with sibling evidence only).
-    pub base: u8,
 }
 
 const LEN_BUCKETS: usize = 8;

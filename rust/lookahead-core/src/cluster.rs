@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use crate::Token;
-use crate::group::GroupKey;
+use crate::types::{CalibrationCounts, GroupKey};
 
 /// A text a drafter learnt from, as another drafter must apply it to learn the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,29 +60,6 @@ impl LearnedText {
             Self::Calibration(_) => 0,
         }
     }
-}
-
-/// Counts of the acceptance calibration recorded since they were last taken: what engines
-/// reported back to one drafter, for the others to add to theirs, so that every drafter of a
-/// cluster calibrates on the whole cluster's feedback as one drafter would.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CalibrationCounts {
-    /// Counters in the calibration tables of the drafter that took them: counts apply only to
-    /// tables of the same layout.
-    pub layout: u32,
-    /// The counters that changed, by index.
-    pub counts: Vec<CalibrationCount>,
-}
-
-/// Trials and hits to add to one calibration counter.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CalibrationCount {
-    /// The counter (below [`CalibrationCounts::layout`]).
-    pub index: u32,
-    /// Candidates with this evidence scored against the true tokens.
-    pub trials: u32,
-    /// Those that were the true token (at most `trials`).
-    pub hits: u32,
 }
 
 /// New output tokens of a group member, for the servers running other members of its group.

@@ -9,15 +9,14 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::calibration::{
-    Calibration, Evidence, GlobalEvidence, Keys, LocalEvidence, SiblingEvidence,
-};
-use crate::group_index::{GroupIndex, GroupMatch, MemberSet, SiblingContinuation};
+use crate::calibration::{Calibration, Evidence, GlobalEvidence, LocalEvidence, SiblingEvidence};
+use crate::group::GroupSource;
+use crate::group_index::{GroupMatch, SiblingContinuation};
 use crate::realise::{self, Source};
-use crate::request::Considered;
 use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
 use crate::tree::DraftTree;
 use crate::trie::{Child, NgramTrie, ROOT};
+use crate::types::{Considered, Keys};
 use crate::{SEPARATOR, Token};
 
 /// Continuations of a local match looked at, at most (the newest first).
@@ -57,16 +56,6 @@ pub(crate) struct DraftSources<'a> {
     pub context_counted: bool,
     /// The outputs of the request's group, when it has other members.
     pub group: Option<GroupSource<'a>>,
-}
-
-/// The request's group index and its place in it.
-#[derive(Clone, Copy)]
-pub(crate) struct GroupSource<'a> {
-    pub index: &'a GroupIndex,
-    /// The match of the request's whole output.
-    pub root: GroupMatch,
-    /// The request's own member bit: its own text is not sibling evidence.
-    pub own: MemberSet,
 }
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.

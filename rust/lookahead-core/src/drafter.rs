@@ -15,11 +15,11 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::Token;
 use crate::calibration::Calibration;
-use crate::cluster::{CalibrationCounts, GroupUpdate, LearnedText, Outbox};
+use crate::cluster::{GroupUpdate, LearnedText, Outbox};
 use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
-use crate::group::{Group, GroupKey, MAX_GROUP_NAME_BYTES, member_key};
+use crate::group::{Group, member_key};
 use crate::realise::temperature_band;
 use crate::remote_text::RemoteTexts;
 use crate::request::{LastDraft, RequestState, TrieCursor};
@@ -29,6 +29,8 @@ use crate::snapshot::{Reader, SNAPSHOT_VERSION, SnapshotError, Writer, frame, un
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
+use crate::types::CalibrationCounts;
+use crate::types::{GroupKey, MAX_GROUP_NAME_BYTES};
 
 type SharedRequest = Arc<Mutex<RequestState>>;
 type SharedGroup = Arc<Mutex<Group>>;

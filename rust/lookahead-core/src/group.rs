@@ -19,46 +19,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::Token;
-use crate::group_index::{GroupIndex, MemberSet, member_bit};
-use crate::hashing::pair_hash;
+use crate::group_index::{GroupIndex, GroupMatch, MemberSet, member_bit};
 use crate::siblings::MAX_SIBLING_TOKENS;
+use crate::types::GroupKey;
 
-/// The longest group name accepted, in bytes.
-pub const MAX_GROUP_NAME_BYTES: usize = 256;
-
-/// The key of a group: the same prompt, or the same group name, gives the same key on every
-/// server and in every process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupKey(pub u64);
-
-impl GroupKey {
-    /// The group of the requests with exactly this prompt.
-    pub fn of_prompt(prompt: &[Token]) -> Self {
-        Self(fold(
-            pair_hash(prompt.len() as u32, 0),
-            prompt.iter().copied(),
-        ))
-    }
-
-    /// The group an engine named (never the key of a prompt, barring a 64-bit collision).
-    pub fn named(name: &str) -> Self {
-        let words = name.as_bytes().chunks(4).map(|c| {
-            let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(w)
-        });
-        Self(fold(pair_hash(name.len() as u32, 0x6772_6f75), words))
-    }
-}
-
-impl std::fmt::Display for GroupKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-fn fold(seed: u64, words: impl Iterator<Item = u32>) -> u64 {
-    words.fold(seed, |h, w| pair_hash((h ^ (h >> 32)) as u32, w) ^ h)
+/// The request's group index and its place in it.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupSource<'a> {
+    pub index: &'a GroupIndex,
+    /// The match of the request's whole output.
+    pub root: GroupMatch,
+    /// The request's own member bit: its own text is not sibling evidence.
+    pub own: MemberSet,
 }
 
 /// A member's name within its group: its origin (`""` for this drafter) and request id.
@@ -250,10 +222,10 @@ impl Group {
 
     /// The index, with the match of member `key`'s output and the members it already knows,
     /// once the group has other members with output.
-    pub fn draft_source(&self, key: u64) -> Option<crate::draft::GroupSource<'_>> {
+    pub fn draft_source(&self, key: u64) -> Option<GroupSource<'_>> {
         let index = self.index.as_ref()?;
         let slot = *self.by_key.get(&key)?;
-        Some(crate::draft::GroupSource {
+        Some(GroupSource {
             index,
             root: index.member_match(slot),
             own: self.members[slot as usize].sees,

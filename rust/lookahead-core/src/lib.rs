@@ -24,15 +24,16 @@ mod snapshot;
 mod suffix_automaton;
 mod tree;
 mod trie;
+mod types;
 
-pub use cluster::{CalibrationCount, CalibrationCounts, GroupUpdate, LearnedText};
+pub use cluster::{GroupUpdate, LearnedText};
 pub use config::{ConfigError, DrafterConfig};
 pub use drafter::{DraftShape, Drafter, Stats, StepItem};
 pub use error::DraftError;
-pub use group::{GroupKey, MAX_GROUP_NAME_BYTES};
 pub use sizing::{CostCurve, CostError, Layout, StepCost};
 pub use snapshot::{SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotError};
 pub use tree::DraftTree;
+pub use types::{CalibrationCount, CalibrationCounts, GroupKey, MAX_GROUP_NAME_BYTES};
 
 /// A token id. Ids are opaque to the core; the tokenizer's vocabulary bounds them
 /// (see [`DrafterConfig::vocab_size`]).

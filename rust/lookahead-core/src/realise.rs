@@ -12,7 +12,7 @@
 //! drafts cut to zero length still teach it. Its counters are a table of the calibration
 //! (in snapshots from format 4, and sent to the other drafters of a cluster).
 
-use crate::calibration::Keys;
+use crate::types::Keys;
 
 /// Where a draft node's evidence came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::anchor::Anchor;
-use crate::calibration::{Calibration, Keys};
-use crate::group::{Group, GroupKey};
+use crate::calibration::Calibration;
+use crate::group::Group;
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::trie::{NgramTrie, ROOT};
+use crate::types::Considered;
+use crate::types::GroupKey;
 use crate::{SEPARATOR, Token};
 
 /// Sentinel of a missing trie node in a suffix-node list.
@@ -19,15 +21,6 @@ pub(crate) const NO_NODE: u32 = u32::MAX;
 /// under tight memory budgets, where every order (up to 16) costs 5 to 7 times the nodes and
 /// loses up to 2.5% once eviction sets in.
 const SHARED_OUTPUT_ORDERS: usize = 8;
-
-/// A candidate considered by the last draft, kept to learn from what happens next.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Considered {
-    /// Index of its parent in the draft tree, -1 for the root.
-    pub parent: i32,
-    pub token: Token,
-    pub keys: Keys,
-}
 
 /// The last draft of a request, as needed to score it once the true tokens arrive.
 #[derive(Debug, Default)]

@@ -6,8 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::Token;
-use crate::group::GroupKey;
 use crate::snapshot::{Reader, SnapshotError, Writer};
+use crate::types::GroupKey;
 
 /// Siblings kept per prompt, the most recent first.
 const SIBLINGS_PER_PROMPT: usize = 8;
