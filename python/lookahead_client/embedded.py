@@ -122,13 +122,14 @@ class EmbeddedDrafter:
                 r.group,
                 int(r.shape),
                 float(r.temperature),
+                r.offset,
             )
             for r in requests
         ]
-        roots, sizes, tokens, parents, scores, errors = self._native.step(
+        roots, sizes, tokens, parents, scores, held, errors = self._native.step(
             items, None if cost is None else cost.as_tuple()
         )
-        return DraftBatch(roots, sizes, tokens, parents, scores, dict(errors))
+        return DraftBatch(roots, sizes, tokens, parents, scores, held, dict(errors))
 
     def stats(self) -> dict[str, int | float]:
         """Counters: active requests, trie nodes, memory, drafts, reported acceptance..."""

@@ -170,6 +170,12 @@ class StepRequest:
         temperature: the request's sampling temperature (0: greedy). The drafter's scores are
             calibrated at it: a sampling engine accepts a draft token with the model's
             probability of it, so drafts are worth less at high temperatures.
+        offset: the number of tokens (prompt included) the request holds before
+            ``new_tokens``, as the engine knows it. With it a step sent twice (a retry) changes
+            nothing: tokens the drafter holds are checked and skipped; a step that would leave
+            a gap is refused (``InvalidArgumentError``, ``field="offset"``, the message saying
+            how many tokens the drafter holds). With ``prompt`` it must be the prompt's length.
+            None: the tokens are appended.
         group: read with ``prompt`` (when the request starts): the group the request belongs
             to. Requests of one group draft from each other's outputs, running and finished
             (samples of one prompt side by side: RL rollouts, ``n > 1``, best-of-n). ``None``:
@@ -186,6 +192,7 @@ class StepRequest:
     group: str | None = None
     shape: DraftShape = DraftShape.TREE
     temperature: float = 0.0
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,8 @@ class DraftBatch:
     """The trees of one step as NumPy columns (the layout of ``StepResponse`` in the proto):
     tree ``i`` has root ``roots[i]`` and the ``sizes[i]`` nodes starting at ``offsets[i]`` of
     ``tokens``, ``parents`` (indices within the tree, -1: the root) and ``scores``. A request
-    that failed has an empty tree and its exception in ``errors``.
+    that failed has an empty tree and its exception in ``errors``. ``held`` (when the
+    drafter reports it) is the tokens each request holds after the step (0: failed or ended).
 
     Engines read the columns directly (a chain's tokens are ``batch.nodes(i)``); ``tree(i)``
     builds a :class:`DraftTree` for code that wants one.
@@ -204,6 +212,7 @@ class DraftBatch:
     tokens: np.ndarray
     parents: np.ndarray
     scores: np.ndarray
+    held: np.ndarray | None = None
     errors: dict[int, Exception] = field(default_factory=dict)
     offsets: np.ndarray = field(init=False)
 

@@ -111,6 +111,7 @@ class _Entry:
         "group",
         "shape",
         "temperature",
+        "offset",
     )
 
     def __init__(
@@ -127,6 +128,7 @@ class _Entry:
         group: str | None = None,
         shape: int = 0,
         temperature: float = 0.0,
+        offset: int | None = None,
     ) -> None:
         self.kind = kind
         self.index = index  # the caller's index; -1 for _OWED_END
@@ -140,6 +142,7 @@ class _Entry:
         self.group = group
         self.shape = shape
         self.temperature = temperature
+        self.offset = offset  # the caller's; a resynchronised request restarts without one
 
 
 def _root(tokens: list[int]) -> int:
@@ -201,6 +204,7 @@ class StepPlan:
                     r.group,
                     int(r.shape),
                     float(r.temperature),
+                    r.offset,
                 )
             )
         if ledger.pending_ends:
@@ -312,6 +316,9 @@ class StepPlan:
                             item.group = tracked.group
                         item.reset = True
                 else:
+                    if e.offset is not None:
+                        field = "offset"
+                        item.offset = e.offset
                     if e.prompt is not None:
                         field = "prompt"
                         item.prompt.tokens.extend(e.prompt)

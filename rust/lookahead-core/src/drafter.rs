@@ -57,6 +57,13 @@ pub struct StepItem<'a> {
     pub shape: DraftShape,
     /// The request's sampling temperature (0: greedy); drafts are worth less when it is high.
     pub temperature: f32,
+    /// The number of tokens (prompt included) the request holds before `new_tokens`, as the
+    /// engine knows it. With it a step sent twice is harmless: tokens the request already
+    /// holds are checked and skipped, and a step that would leave a gap is refused
+    /// ([`DraftError::OffsetGap`]). With a prompt it must be the prompt's length, and a start
+    /// of an active request holding that prompt goes on from it. `None`: the tokens are
+    /// appended.
+    pub offset: Option<usize>,
     /// The group the request belongs to, read when it starts (with `prompt`). `None` or empty:
     /// the requests with the same prompt. At most [`MAX_GROUP_NAME_BYTES`] bytes.
     pub group: Option<&'a str>,
@@ -619,32 +626,88 @@ impl Drafter {
         self.check_tokens("new_tokens", item.new_tokens)
     }
 
-    /// Finds (or, with a prompt, creates) the request and applies the item's tokens.
-    fn apply(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
-        let request = match item.prompt {
-            Some(prompt) => self.begin(item, prompt)?,
-            None => self
+    /// The request of an item: found, or (with a prompt) created. A start with an offset of
+    /// an active request holding the same prompt finds it (a repeated first step).
+    fn request_of(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
+        let Some(prompt) = item.prompt else {
+            return self
                 .requests
                 .lock()
                 .get(item.request_id)
                 .cloned()
                 .ok_or_else(|| DraftError::UnknownRequest {
                     request_id: item.request_id.to_owned(),
-                })?,
+                });
         };
-        if let Some(accepted) = item.accepted_last {
-            self.counters
-                .accepted_reported
-                .fetch_add(u64::from(accepted), Ordering::Relaxed);
-            self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
+        if let Some(offset) = item.offset
+            && offset != prompt.len()
+        {
+            return Err(DraftError::OffsetNotAfterPrompt {
+                offset,
+                prompt: prompt.len(),
+            });
         }
+        match self.begin(item, prompt) {
+            Err(DraftError::RequestAlreadyActive { request_id }) if item.offset.is_some() => {
+                let existing = self.requests.lock().get(item.request_id).cloned();
+                match existing {
+                    Some(request) if request.lock().own_text().starts_with(prompt) => Ok(request),
+                    _ => Err(DraftError::RequestAlreadyActive { request_id }),
+                }
+            }
+            started => started,
+        }
+    }
+
+    /// The part of an item's new tokens the request does not hold yet, and whether the whole
+    /// step had been applied before (checked against `offset`; see [`StepItem::offset`]).
+    fn unheld<'t>(
+        item: &StepItem<'t>,
+        state: &RequestState,
+    ) -> Result<(&'t [Token], bool), DraftError> {
+        let Some(offset) = item.offset else {
+            return Ok((item.new_tokens, false));
+        };
+        let text = state.own_text();
+        let held = text.len();
+        if offset > held {
+            return Err(DraftError::OffsetGap {
+                request_id: item.request_id.to_owned(),
+                offset,
+                held,
+            });
+        }
+        let overlap = (held - offset).min(item.new_tokens.len());
+        if text[offset..offset + overlap] != item.new_tokens[..overlap] {
+            return Err(DraftError::TokensDiffer {
+                request_id: item.request_id.to_owned(),
+                offset,
+                held,
+            });
+        }
+        Ok((&item.new_tokens[overlap..], offset < held))
+    }
+
+    /// Finds (or, with a prompt, creates) the request and applies the item's tokens it does
+    /// not hold yet (the feedback of a repeated step is not counted twice).
+    fn apply(&self, item: &StepItem<'_>) -> Result<SharedRequest, DraftError> {
+        let request = self.request_of(item)?;
         {
             let mut state = request.lock();
+            let (new_tokens, repeated) = Self::unheld(item, &state)?;
+            if let Some(accepted) = item.accepted_last
+                && !repeated
+            {
+                self.counters
+                    .accepted_reported
+                    .fetch_add(u64::from(accepted), Ordering::Relaxed);
+                self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
+            }
             state.last_used = Instant::now();
             // where the new tokens start in the request's output
             let offset = state.response().len() as u32;
-            if !item.new_tokens.is_empty() {
-                let held = state.own_text().len() + item.new_tokens.len();
+            if !new_tokens.is_empty() {
+                let held = state.own_text().len() + new_tokens.len();
                 if held > self.config.max_request_tokens {
                     return Err(DraftError::RequestTooLong {
                         request_id: item.request_id.to_owned(),
@@ -652,27 +715,32 @@ impl Drafter {
                         max: self.config.max_request_tokens,
                     });
                 }
-                state.append(item.new_tokens, &self.calibration);
+                state.append(new_tokens, &self.calibration);
                 self.account(&mut state);
-                self.extend_member(&state, offset, item.new_tokens);
+                self.extend_member(&state, offset, new_tokens);
             }
-            if self.config.record_for_cluster && (item.finished || !item.new_tokens.is_empty()) {
+            if self.config.record_for_cluster && (item.finished || !new_tokens.is_empty()) {
                 let update = GroupUpdate {
                     group: state.group_key,
                     member: item.request_id.to_owned(),
                     offset,
-                    tokens: item.new_tokens.to_vec(),
+                    tokens: new_tokens.to_vec(),
                     finished: item.finished,
                 };
-                self.group_updates
-                    .lock()
-                    .push(update, item.new_tokens.len());
+                self.group_updates.lock().push(update, new_tokens.len());
             }
         }
         if item.finished {
             self.remove(item.request_id, true);
         }
         Ok(request)
+    }
+
+    /// The tokens (prompt included) an active request holds; `None` when it is not active.
+    pub fn held_tokens(&self, request_id: &str) -> Option<usize> {
+        let request = self.requests.lock().get(request_id).cloned()?;
+        let held = request.lock().own_text().len();
+        Some(held)
     }
 
     /// Adds output tokens of a request (from output position `offset`) to its group.
@@ -979,6 +1047,11 @@ impl Drafter {
         self.counters
             .draft_nodes
             .fetch_add(draft.tree.len() as u64, Ordering::Relaxed);
+        if state.last_draft.text_len == state.sam.text().len() {
+            // Drafted again at the same place (a repeated step): the first draft is the one
+            // the next tokens score, so that a repeat teaches the calibration nothing twice.
+            return draft.tree;
+        }
         state.last_draft = LastDraft {
             text_len: state.sam.text().len(),
             tree_tokens: draft.growth_tokens,

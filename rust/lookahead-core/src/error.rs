@@ -46,6 +46,39 @@ pub enum DraftError {
         /// The temperature given.
         value: f32,
     },
+    /// The step's tokens start past the end of what the request holds: applying them would
+    /// leave a gap (a step was lost). Send the missing tokens from `held` on.
+    #[error(
+        "request_id {request_id:?}: offset {offset} is past the {held} tokens it holds; send the tokens from offset {held} on"
+    )]
+    OffsetGap {
+        /// The id given.
+        request_id: String,
+        /// The offset given.
+        offset: usize,
+        /// The tokens the request holds.
+        held: usize,
+    },
+    /// Tokens re-sent at an offset the request holds differ from the ones it holds there.
+    #[error(
+        "request_id {request_id:?}: new_tokens at offset {offset} differ from the tokens it holds there ({held} held)"
+    )]
+    TokensDiffer {
+        /// The id given.
+        request_id: String,
+        /// The offset given.
+        offset: usize,
+        /// The tokens the request holds.
+        held: usize,
+    },
+    /// A start's offset is not the length of its prompt.
+    #[error("offset {offset} of a start must be the prompt's length {prompt}")]
+    OffsetNotAfterPrompt {
+        /// The offset given.
+        offset: usize,
+        /// The prompt's length.
+        prompt: usize,
+    },
     /// The request would hold more tokens than allowed.
     #[error("request_id {request_id:?} would hold {tokens} tokens, above the maximum {max}")]
     RequestTooLong {
@@ -88,6 +121,8 @@ impl DraftError {
             Self::TokenOutOfRange { field, .. } => field,
             Self::BudgetTooLarge { .. } => "budget",
             Self::InvalidTemperature { .. } => "temperature",
+            Self::OffsetGap { .. } | Self::OffsetNotAfterPrompt { .. } => "offset",
+            Self::TokensDiffer { .. } => "new_tokens",
             Self::GroupNameTooLong { .. } => "group",
             Self::CalibrationCounts { .. } => "calibration",
             Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => "tokens",

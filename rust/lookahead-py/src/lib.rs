@@ -32,6 +32,9 @@ fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
         | DraftError::InvalidTemperature { .. }
+        | DraftError::OffsetGap { .. }
+        | DraftError::TokensDiffer { .. }
+        | DraftError::OffsetNotAfterPrompt { .. }
         | DraftError::GroupNameTooLong { .. }
         | DraftError::CalibrationCounts { .. } => "InvalidArgumentError",
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
@@ -68,7 +71,7 @@ fn tree_tuple<'py>(py: Python<'py>, tree: DraftTree) -> PyResult<Bound<'py, PyTu
 }
 
 /// One request of a step as Python passes it: `(request_id, prompt or None, new_tokens,
-/// accepted_last, finished, budget, group or None, shape, temperature)`.
+/// accepted_last, finished, budget, group or None, shape, temperature, offset or None)`.
 type PyStepItem = (
     String,
     Option<Vec<i64>>,
@@ -79,6 +82,7 @@ type PyStepItem = (
     Option<String>,
     u8,
     f32,
+    Option<usize>,
 );
 
 /// A step's cost as Python passes it: `(tokens, seconds, padded, base_tokens, explore_every)`.
@@ -95,6 +99,7 @@ struct OwnedItem {
     group: Option<String>,
     shape: DraftShape,
     temperature: f32,
+    offset: Option<usize>,
 }
 
 /// The draft shape numbered as in the proto's `DraftShape`.
@@ -136,10 +141,12 @@ struct Columns {
     tokens: Vec<i64>,
     parents: Vec<i32>,
     scores: Vec<f32>,
+    held: Vec<u64>,
 }
 
 impl Columns {
-    fn push(&mut self, tree: &DraftTree) {
+    fn push(&mut self, tree: &DraftTree, held: usize) {
+        self.held.push(held as u64);
         self.roots.push(tree.root.map_or(-1, i64::from));
         self.sizes.push(tree.len() as u32);
         self.tokens
@@ -224,10 +231,12 @@ impl NativeDrafter {
     }
 
     /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
-    /// accepted_last (-1: unknown), finished, budget, group or None, shape, temperature)`;
+    /// accepted_last (-1: unknown), finished, budget, group or None, shape, temperature,
+    /// offset or None)`;
     /// `cost` is None or `(tokens, seconds, padded, base_tokens, explore_every)`. Returns
-    /// `(roots, sizes, tokens, parents, scores, errors)`: the trees as NumPy columns (a failed
-    /// item has root -1 and size 0) and `[(index, exception)]` for the items that failed.
+    /// `(roots, sizes, tokens, parents, scores, held, errors)`: the trees as NumPy columns (a
+    /// failed item has root -1 and size 0), the tokens each request holds after the step (0:
+    /// failed or ended), and `[(index, exception)]` for the items that failed.
     #[pyo3(signature = (items, cost=None))]
     fn step<'py>(
         &self,
@@ -237,10 +246,10 @@ impl NativeDrafter {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let mut owned = Vec::with_capacity(items.len());
         for item in &items {
-            let (request_id, prompt, new_tokens, accepted_last, finished, budget, group, shape_, temperature): PyStepItem =
+            let (request_id, prompt, new_tokens, accepted_last, finished, budget, group, shape_, temperature, offset): PyStepItem =
                 item.extract().map_err(|e| {
                 PyValueError::new_err(format!(
-                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget, group|None, shape, temperature): {e}"
+                    "step item must be (request_id, prompt|None, new_tokens, accepted_last, finished, budget, group|None, shape, temperature, offset|None): {e}"
                 ))
             })?;
             owned.push(OwnedItem {
@@ -253,10 +262,11 @@ impl NativeDrafter {
                 group,
                 shape: shape(py, shape_)?,
                 temperature,
+                offset,
             });
         }
         let cost = cost.map(|c| step_cost(py, c)).transpose()?;
-        let results = py.detach(|| {
+        let (results, held) = py.detach(|| {
             let items: Vec<StepItem<'_>> = owned
                 .iter()
                 .map(|o| StepItem {
@@ -269,20 +279,26 @@ impl NativeDrafter {
                     group: o.group.as_deref(),
                     shape: o.shape,
                     temperature: o.temperature,
+                    offset: o.offset,
                 })
                 .collect();
-            match &cost {
+            let results = match &cost {
                 Some(cost) => self.inner.step_costed(&items, cost),
                 None => self.inner.step(&items),
-            }
+            };
+            let held: Vec<usize> = owned
+                .iter()
+                .map(|o| self.inner.held_tokens(&o.request_id).unwrap_or(0))
+                .collect();
+            (results, held)
         });
         let mut columns = Columns::default();
         let mut errors = Vec::new();
-        for (index, result) in results.into_iter().enumerate() {
+        for (index, (result, held)) in results.into_iter().zip(held).enumerate() {
             match result {
-                Ok(tree) => columns.push(&tree),
+                Ok(tree) => columns.push(&tree, held),
                 Err(e) => {
-                    columns.push(&DraftTree::default());
+                    columns.push(&DraftTree::default(), 0);
                     errors.push((index, draft_error(py, &e).into_value(py)));
                 }
             }
@@ -293,6 +309,7 @@ impl NativeDrafter {
             columns.tokens.into_pyarray(py),
             columns.parents.into_pyarray(py),
             columns.scores.into_pyarray(py),
+            columns.held.into_pyarray(py),
             errors,
         )
             .into_pyobject(py)

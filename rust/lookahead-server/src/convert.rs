@@ -73,6 +73,9 @@ pub fn core_error(context: &str, error: &DraftError) -> RequestError {
         DraftError::TokenOutOfRange { .. }
         | DraftError::BudgetTooLarge { .. }
         | DraftError::InvalidTemperature { .. }
+        | DraftError::OffsetGap { .. }
+        | DraftError::TokensDiffer { .. }
+        | DraftError::OffsetNotAfterPrompt { .. }
         | DraftError::GroupNameTooLong { .. }
         | DraftError::CalibrationCounts { .. } => ErrorCode::InvalidArgument,
         DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
@@ -109,8 +112,10 @@ impl ResponseBuilder {
     }
 
     /// Appends the next request's tree.
-    pub fn push_tree(&mut self, tree: DraftTree) {
+    /// Appends the next request's tree and the tokens the request holds.
+    pub fn push_tree(&mut self, tree: DraftTree, held: usize) {
         let r = &mut self.response;
+        r.held.push(held as u64);
         r.roots.push(tree.root.map_or(-1, i64::from));
         // A tree never has 2^32 nodes (budgets are u32); saturate rather than wrap.
         r.sizes
@@ -124,6 +129,7 @@ impl ResponseBuilder {
     pub fn push_error(&mut self, mut error: RequestError) {
         let r = &mut self.response;
         error.index = u32::try_from(r.roots.len()).unwrap_or(u32::MAX);
+        r.held.push(0);
         r.roots.push(-1);
         r.sizes.push(0);
         r.errors.push(error);
@@ -192,24 +198,31 @@ mod tests {
     #[test]
     fn responses_are_columns_in_request_order() {
         let mut b = ResponseBuilder::new(7, 3);
-        b.push_tree(DraftTree {
-            root: Some(5),
-            tokens: vec![6, 7],
-            parents: vec![-1, 0],
-            scores: vec![0.5, 0.25],
-        });
+        b.push_tree(
+            DraftTree {
+                root: Some(5),
+                tokens: vec![6, 7],
+                parents: vec![-1, 0],
+                scores: vec![0.5, 0.25],
+            },
+            12,
+        );
         b.push_error(request_error(
             ErrorCode::InvalidArgument,
             "budget",
             "x".into(),
         ));
-        b.push_tree(DraftTree {
-            root: Some(9),
-            tokens: vec![1],
-            parents: vec![-1],
-            scores: vec![0.75],
-        });
+        b.push_tree(
+            DraftTree {
+                root: Some(9),
+                tokens: vec![1],
+                parents: vec![-1],
+                scores: vec![0.75],
+            },
+            3,
+        );
         let r = b.finish();
+        assert_eq!(r.held, vec![12, 0, 3]);
         assert_eq!(r.step_id, 7);
         assert_eq!(r.roots, vec![5, -1, 9]);
         assert_eq!(r.sizes, vec![2, 0, 1]);

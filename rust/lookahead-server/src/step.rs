@@ -86,6 +86,7 @@ struct Checked<'a> {
     group: Option<&'a str>,
     shape: DraftShape,
     temperature: f32,
+    offset: Option<usize>,
 }
 
 /// Runs one step against `namespaces`.
@@ -179,10 +180,13 @@ fn run_checked_step(
             group: c.group,
             shape: c.shape,
             temperature: c.temperature,
+            offset: c.offset,
         })
         .collect();
     let outcomes = namespace.step(&items, cost.as_ref());
+    let mut held = vec![0; n];
     for (c, outcome) in checked.iter().zip(outcomes) {
+        held[c.index] = namespace.drafter().held_tokens(c.request_id).unwrap_or(0);
         results[c.index] =
             Some(outcome.map_err(|e| core_error(&context(c.index, c.request_id), &e)));
     }
@@ -190,7 +194,7 @@ fn run_checked_step(
     let mut response = ResponseBuilder::new(request.step_id, n);
     for (index, result) in results.into_iter().enumerate() {
         match result {
-            Some(Ok(tree)) => response.push_tree(tree),
+            Some(Ok(tree)) => response.push_tree(tree, held[index]),
             Some(Err(error)) => response.push_error(error),
             None => response.push_error(request_error(
                 ErrorCode::Unspecified,
@@ -377,6 +381,9 @@ fn check<'a>(
         group: Some(step.group.as_str()).filter(|g| !g.is_empty()),
         shape,
         temperature: step.temperature,
+        offset: step
+            .offset
+            .map(|o| usize::try_from(o).unwrap_or(usize::MAX)),
     })
 }
 

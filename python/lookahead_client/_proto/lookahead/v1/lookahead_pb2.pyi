@@ -64,7 +64,7 @@ class EngineCost(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., seconds: _Optional[_Iterable[float]] = ..., padded: _Optional[bool] = ..., base_tokens: _Optional[int] = ..., explore_every: _Optional[int] = ...) -> None: ...
 
 class RequestStep(_message.Message):
-    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group", "shape", "temperature")
+    __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group", "shape", "temperature", "offset")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class RequestStep(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: TokenList
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -85,10 +86,11 @@ class RequestStep(_message.Message):
     group: str
     shape: DraftShape
     temperature: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ..., group: _Optional[str] = ..., shape: _Optional[_Union[DraftShape, str]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    offset: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[TokenList, _Mapping]] = ..., new_tokens: _Optional[_Iterable[int]] = ..., accepted_last: _Optional[int] = ..., finished: _Optional[bool] = ..., budget: _Optional[int] = ..., reset: _Optional[bool] = ..., group: _Optional[str] = ..., shape: _Optional[_Union[DraftShape, str]] = ..., temperature: _Optional[float] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("step_id", "roots", "sizes", "tokens", "parents", "scores", "errors", "error")
+    __slots__ = ("step_id", "roots", "sizes", "tokens", "parents", "scores", "errors", "held", "error")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     ROOTS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +98,7 @@ class StepResponse(_message.Message):
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     roots: _containers.RepeatedScalarFieldContainer[int]
@@ -104,8 +107,9 @@ class StepResponse(_message.Message):
     parents: _containers.RepeatedScalarFieldContainer[int]
     scores: _containers.RepeatedScalarFieldContainer[float]
     errors: _containers.RepeatedCompositeFieldContainer[RequestError]
+    held: _containers.RepeatedScalarFieldContainer[int]
     error: RequestError
-    def __init__(self, step_id: _Optional[int] = ..., roots: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., roots: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., held: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[RequestError, _Mapping]] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("code", "field", "message", "index")
