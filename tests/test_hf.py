@@ -20,6 +20,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from lookahead_client.cost import CostModel
+from lookahead_client.embedded import EmbeddedDrafter
+from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.hf import speculative_generate
 from lookahead_client.prompt_lookup import PromptLookupDrafter
@@ -222,6 +224,34 @@ def test_overconfident_garbage_drafts_are_turned_off():
     assert plain_passes > 0.8 * passes, (plain_passes, passes)
     stats = policy.stats()
     assert stats["accepted"] < 0.2 * stats["expected_raw"]
+
+
+@pytest.mark.parametrize(("slot_cost", "drafted"), [(1.0, False), (0.0, True)])
+def test_the_drafters_core_sizes_trees_against_the_models_cost(slot_cost, drafted):
+    """lookahead's embedded drafter sizes its trees in its core against the step times: where
+    every slot costs a whole step it drafts nothing (plain decoding), where slots are free it
+    drafts whole trees; the output is ``generate``'s either way."""
+    vocab = 96
+    model = tiny_model("llama", vocab, seed=8)
+    motif = [5, 17, 33, 9, 41, 12, 60]
+    prompt = motif * 6
+    expected = reference(model, prompt, 24, eos=[])
+    feed = StepCostFeed(padded=True, explore_every=0)
+    for slots in (1, 2, 4, 8, 16):
+        feed.observe(slots, 1.0 + slot_cost * (slots - 1))
+    drafter = EmbeddedDrafter(vocab_size=vocab)
+    drafter.step([StepRequest("warm", prompt=expected * 3, budget=0, finished=True)])
+    result = speculative_generate(
+        model, [prompt], drafter, max_new_tokens=24, budget=8, eos_token_id=[], sizing=feed
+    )
+    assert result.tokens == [expected]
+    if drafted:
+        assert result.draft_nodes > 0 and sum(result.accepted) > 0, result
+    else:
+        assert result.draft_nodes == 0 and result.plain_passes == result.forward_passes, result
+    with pytest.raises(InvalidArgumentError) as err:
+        speculative_generate(model, [prompt], PromptLookupDrafter(), sizing=feed, max_new_tokens=2)
+    assert err.value.field == "sizing"
 
 
 def test_whole_trees_without_sizing():

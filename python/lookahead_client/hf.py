@@ -11,11 +11,15 @@
 3. verify (:mod:`lookahead_client.verify`, greedy or lossless sampling), keep only the KV
    entries of the root and the accepted nodes, and tell the drafter the emitted tokens.
 
-By default each step's trees are first cut by a :class:`~lookahead_client.sizing.SizingPolicy`
-to the width that maximises expected tokens per second, down to plain decoding when drafts
-do not pay for their verification (``sizing=False`` verifies whole trees up to ``budget``).
-The default policy learns this model's step times and this drafter's realised acceptance
-from the steps themselves, and keeps them for later calls with the same model and drafter.
+By default each step's trees are cut to the width that maximises expected tokens per second,
+down to plain decoding when drafts do not pay for their verification (``sizing=False``
+verifies whole trees up to ``budget``). With lookahead's own drafters (embedded or remote)
+the drafter's core does the cut in its step (``DraftShape.SIZED_TREE``, one width for the
+padded batch) against a curve of this model's measured step times
+(:class:`~lookahead_client.engine.step_cost.StepCostFeed`), with its scores calibrated at the
+sampling temperature. Other drafters (any :class:`~lookahead_client.types.Drafter`) are cut by
+a :class:`~lookahead_client.sizing.SizingPolicy` instead. What is learnt (step times, the
+policy's calibration) is kept for later calls with the same model and drafter.
 
 Requests of a batch advance by different amounts, so the KV cache is a common array of slots
 with a per-request validity mask: a request's slots that another request needed hold garbage
@@ -27,17 +31,20 @@ float mask, shape ``[bs, 1, q, kv]``) and ``DynamicCache.layers[i].keys/values``
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .cost import CostModel
+from .engine.step_cost import StepCostFeed
 from .errors import InvalidArgumentError
 from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .tree import TreeTensors, build_tree_tensors
-from .types import Drafter, StepRequest
+from .types import Drafter, DraftShape, StepRequest
 from .verify import SamplingParams, VerifyResult, sample_tokens, verify
 
 if TYPE_CHECKING:
@@ -47,7 +54,9 @@ __all__ = ["GenerationResult", "default_policy", "speculative_generate"]
 
 _request_counter = itertools.count()
 
-# What the default sizing policy has learnt: step times per model, acceptance per drafter.
+# What the default sizing has learnt: step times per model (for the core's sizing and for the
+# policy), acceptance per drafter (the policy's).
+_model_feeds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _model_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _drafter_calibrations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -60,6 +69,15 @@ def _remembered(store: weakref.WeakKeyDictionary, key: object, make):
         return value
     except TypeError:  # not weakly referenceable: nothing is kept between calls
         return make()
+
+
+def _sizes_natively(drafter: Drafter) -> bool:
+    """Whether the drafter's step takes an :class:`~lookahead_client.types.EngineCost`
+    (lookahead's own drafters: their core sizes the trees)."""
+    try:
+        return "cost" in inspect.signature(drafter.step).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def default_policy(model, drafter: Drafter) -> SizingPolicy:
@@ -254,6 +272,8 @@ def _record(
     budget: int,
     max_new_tokens: int,
     prompts: Sequence[Sequence[int]] | None = None,
+    shape: DraftShape = DraftShape.TREE,
+    temperature: float = 0.0,
 ) -> tuple[list[StepRequest], list[int]]:
     """Appends each request's emitted tokens (cut at a stop token or the token limit).
 
@@ -281,10 +301,13 @@ def _record(
             StepRequest(
                 request_ids[row],
                 new_tokens=new,
-                budget=0 if done else budget,
+                # a tree can be no deeper than the tokens the request may still emit
+                budget=0 if done else min(budget, max_new_tokens - len(out)),
                 prompt=None if prompts is None else list(prompts[row]),
                 accepted_last=accepted[j],
                 finished=done,
+                shape=shape,
+                temperature=temperature,
             )
         )
         if not done:
@@ -321,7 +344,7 @@ def speculative_generate(
     eos_token_id: int | Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     request_ids: Sequence[str] | None = None,
-    sizing: SizingPolicy | bool = True,
+    sizing: SizingPolicy | StepCostFeed | bool = True,
 ) -> GenerationResult:
     """Generates from ``prompts`` with draft trees verified in one forward pass per step.
 
@@ -341,8 +364,12 @@ def speculative_generate(
         eos_token_id: stop token(s); None takes the model's generation config, ``[]`` none.
         generator: random generator for sampling (on the model's device).
         request_ids: drafter request ids, one per prompt; unique ones by default.
-        sizing: True for :func:`default_policy`, a :class:`SizingPolicy` (padded layout) to
-            use that one, False to verify whole trees (up to ``budget`` nodes) every step.
+        sizing: True: lookahead's own drafters size their trees in their core against this
+            model's measured step times, other drafters are cut by :func:`default_policy`; a
+            :class:`SizingPolicy` (padded layout) to cut every drafter's trees by that one; a
+            :class:`StepCostFeed` (padded) for lookahead's drafters to size against that one
+            (it goes on learning from the steps); False to verify whole trees (up to
+            ``budget`` nodes) every step.
 
     Raises:
         InvalidArgumentError: an empty prompt, a negative budget or token count, ids of the
@@ -375,8 +402,27 @@ def speculative_generate(
     if n == 0 or max_new_tokens == 0:
         return result
     stops = _stop_tokens(model, eos_token_id)
-    policy = default_policy(model, drafter) if sizing is True else sizing or None
+    if isinstance(sizing, StepCostFeed) and not (sizing.padded and _sizes_natively(drafter)):
+        raise InvalidArgumentError(
+            "a StepCostFeed sizes the trees of lookahead's own drafters (whose step takes a "
+            "cost) and must be padded: speculative_generate pads every tree to the step's width",
+            field="sizing",
+        )
+    native = isinstance(sizing, StepCostFeed) or (sizing is True and _sizes_natively(drafter))
+    feed = None
+    if native:
+        feed = (
+            sizing
+            if isinstance(sizing, StepCostFeed)
+            else _remembered(_model_feeds, model, lambda: StepCostFeed(padded=True))
+        )
+    policy = (
+        None if native else default_policy(model, drafter) if sizing is True else sizing or None
+    )
     params = sampling if sampling is not None else SamplingParams(temperature=0.0)
+    # what the step requests ask the drafter for (the core's sizing, at the temperature)
+    shape = DraftShape.SIZED_TREE if native else DraftShape.TREE
+    asked = {"shape": shape, "temperature": float(params.temperature)}
     with torch.inference_mode():
         batch, first_logits = _prefill(model, prompts)
         first = sample_tokens(first_logits, params, generator)
@@ -392,14 +438,15 @@ def speculative_generate(
             budget,
             max_new_tokens,
             prompts,
+            **asked,
         )
         if len(keep) < len(rows):
             batch.select(keep)
         while batch.rows:
             started = policy.clock() if policy is not None else 0.0
-            trees = [
-                t for t, req in zip(drafter.step(pending), pending, strict=True) if not req.finished
-            ]
+            cost = feed.curve() if feed is not None else None
+            drafted = drafter.step(pending) if cost is None else drafter.step(pending, cost)
+            trees = [t for t, req in zip(drafted, pending, strict=True) if not req.finished]
             plan = None
             if policy is not None:
                 keys = [request_ids[r] for r in batch.rows]
@@ -411,14 +458,32 @@ def speculative_generate(
             result.draft_nodes += nodes
             result.plain_passes += nodes == 0
             tree = build_tree_tensors(trees, d, batch.lengths, batch.roots.tolist(), model.device)
+            forward_started = time.perf_counter()
+            rows_now, width = len(batch.rows), int(batch.valid.shape[1])
             logits = _forward_tree(model, batch, tree)
             result.forward_passes += 1
             verdict = verify(tree, logits, sampling, generator)
             batch.keep_accepted(verdict)
-            lengths = verdict.accept_length.tolist()
+            lengths = verdict.accept_length.tolist()  # waits for the device
+            if feed is not None:  # the step's time: forward pass and verification
+                feed.observe(
+                    rows_now * d,
+                    time.perf_counter() - forward_started,
+                    rows=rows_now,
+                    context=rows_now * width,
+                    pairs=rows_now * d * (width + d),
+                )
             rows = batch.rows
             pending, keep = _record(
-                result, rows, verdict.tokens(), lengths, request_ids, stops, budget, max_new_tokens
+                result,
+                rows,
+                verdict.tokens(),
+                lengths,
+                request_ids,
+                stops,
+                budget,
+                max_new_tokens,
+                **asked,
             )
             if len(keep) < len(rows):
                 batch.select(keep)
