@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.remote import RemoteDrafter
-from lookahead_client.server_process import ServerProcess
 from lookahead_client.types import StepRequest
 from remote_support import repetitive_texts
 from test_hardening import learn, rss_bytes, wait_for

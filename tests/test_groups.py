@@ -15,8 +15,8 @@ from lookahead_client import EmbeddedDrafter
 from lookahead_client.bench.replay import ReplaySettings, replay
 from lookahead_client.bench.workload import Request, Workload
 from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.remote import RemoteDrafter
-from lookahead_client.server_process import ServerProcess
 from lookahead_client.types import DraftTree, StepRequest
 
 PROMPT = [11, 12, 13, 14]

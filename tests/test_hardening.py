@@ -23,8 +23,8 @@ import pytest
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
 from lookahead_client.errors import UnauthenticatedError
+from lookahead_client.processes.server import ServerProcess, free_tcp_port
 from lookahead_client.remote import RemoteDrafter
-from lookahead_client.server_process import ServerProcess, free_tcp_port
 from lookahead_client.types import StepRequest
 from remote_support import repetitive_texts
 

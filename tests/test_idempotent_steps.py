@@ -14,7 +14,7 @@ from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2_grpc as pb_grpc
 from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.server_process import ServerProcess
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.types import DraftTree, StepRequest
 from remote_support import repetitive_texts
 

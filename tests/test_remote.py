@@ -25,9 +25,9 @@ from lookahead_client.errors import (
     LookaheadError,
     UnknownRequestError,
 )
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.remote.aio import AsyncRemoteDrafter
-from lookahead_client.server_process import ServerProcess
 from lookahead_client.types import DraftTree, StepRequest
 from remote_support import SERVER_NAMESPACE_BUDGET, SyncFacade, greedy_accept, repetitive_texts
 
@@ -469,7 +469,7 @@ def test_targets_are_checked() -> None:
 
 def test_nothing_listening_falls_back_at_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    from lookahead_client.server_process import free_tcp_port
+    from lookahead_client.processes.server import free_tcp_port
 
     d = RemoteDrafter(f"127.0.0.1:{free_tcp_port()}", timeout=0.5)
     started = time.monotonic()

@@ -22,8 +22,8 @@ from lookahead_client.errors import (
     ResourceExhaustedError,
     UnknownRequestError,
 )
+from lookahead_client.processes.server import ServerProcess, find_server_binary
 from lookahead_client.remote import RemoteDrafter
-from lookahead_client.server_process import ServerProcess, find_server_binary
 from lookahead_client.types import StepRequest
 
 LIMITS = [

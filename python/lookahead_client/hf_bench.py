@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .errors import InvalidArgumentError
+from .sizing import SizingPolicy
 
 __all__ = [
     "SMOLLM2_GGUF",
@@ -158,8 +159,10 @@ class Variant:
 
     Attributes:
         name: as given on the command line (``plain``, ``hf-prompt-lookup``, ``fixed:B``,
-            ``policy:B``).
-        kind: ``plain``, ``hf-prompt-lookup``, ``fixed`` or ``policy``.
+            ``policy:B``, ``sized:B``).
+        kind: ``plain``, ``hf-prompt-lookup``, ``fixed`` (whole trees), ``policy`` (cut by a
+            :class:`~lookahead_client.sizing.SizingPolicy`) or ``sized`` (sized by the
+            drafter's core against the model's measured step times: the default).
         budget: the most draft nodes per step (lookahead variants).
     """
 
@@ -170,11 +173,11 @@ class Variant:
     @property
     def lookahead(self) -> bool:
         """Whether the variant runs :func:`~lookahead_client.hf.speculative_generate`."""
-        return self.kind in ("fixed", "policy")
+        return self.kind in ("fixed", "policy", "sized")
 
 
 def parse_variant(text: str) -> Variant:
-    """``plain``, ``hf-prompt-lookup``, ``fixed:B`` or ``policy:B`` (B >= 1).
+    """``plain``, ``hf-prompt-lookup``, ``fixed:B``, ``policy:B`` or ``sized:B`` (B >= 1).
 
     Raises:
         InvalidArgumentError: anything else.
@@ -182,10 +185,10 @@ def parse_variant(text: str) -> Variant:
     kind, _, budget = text.partition(":")
     if kind in ("plain", "hf-prompt-lookup") and not budget:
         return Variant(text, kind)
-    if kind in ("fixed", "policy") and budget.isdigit() and int(budget) >= 1:
+    if kind in ("fixed", "policy", "sized") and budget.isdigit() and int(budget) >= 1:
         return Variant(text, kind, int(budget))
     raise InvalidArgumentError(
-        f"unknown variant {text!r}: plain, hf-prompt-lookup, fixed:B or policy:B",
+        f"unknown variant {text!r}: plain, hf-prompt-lookup, fixed:B, policy:B or sized:B",
         field="variants",
     )
 
@@ -254,14 +257,17 @@ class _Runner:
     sizing policy across prompts."""
 
     def __init__(self, model, variants: Sequence[Variant], drafter: str) -> None:
-        from .sizing import SizingPolicy
-
         self.model = model
         self.eos = model.generation_config.eos_token_id
         self.drafters = {
             v.name: make_drafter(drafter, model.config.vocab_size) for v in variants if v.lookahead
         }
-        self.policies = {v.name: SizingPolicy() for v in variants if v.kind == "policy"}
+        # what each variant passes as speculative_generate's ``sizing``
+        self.sizing: dict[str, SizingPolicy | bool] = {
+            v.name: SizingPolicy() if v.kind == "policy" else v.kind == "sized"
+            for v in variants
+            if v.lookahead
+        }
 
     def run(self, variant: Variant, rid: str, ids: Sequence[int], max_new_tokens: int):
         import torch
@@ -296,7 +302,7 @@ class _Runner:
                 budget=variant.budget,
                 eos_token_id=self.eos,
                 request_ids=[f"{variant.name}/{rid}"],
-                sizing=self.policies.get(variant.name, False),
+                sizing=self.sizing[variant.name],
             )
             extra = {
                 "forward_passes": result.forward_passes,
@@ -308,8 +314,15 @@ class _Runner:
         return _timed(generate)
 
     def stats(self) -> dict[str, dict]:
-        """The sizing policies' counters (steps, plain steps, probes, realised acceptance)."""
-        return {name: p.stats() for name, p in self.policies.items()}
+        """The sizing policies' counters (steps, plain steps, probes, realised acceptance), and
+        the draft nodes each natively sized variant's drafter sized away."""
+        out: dict[str, dict] = {}
+        for name, sizing in self.sizing.items():
+            if isinstance(sizing, SizingPolicy):
+                out[name] = sizing.stats()
+            elif sizing:
+                out[name] = {"sized_away": self.drafters[name].stats().get("sized_away")}
+        return out
 
 
 def run_bench(
@@ -432,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--variants",
         default="plain,hf-prompt-lookup,fixed:8,policy:16",
-        help="comma-separated: plain, hf-prompt-lookup, fixed:B, policy:B",
+        help="comma-separated: plain, hf-prompt-lookup, fixed:B, policy:B, sized:B",
     )
     parser.add_argument("--drafter", default="embedded", help="prompt-lookup | embedded")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")

@@ -10,7 +10,7 @@ import os
 import pytest
 from vllm_support import close, counter, greedy, greedy_stepwise, make_llm
 
-from lookahead_client.server_process import ServerProcess
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.vllm import speculator_stats
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

@@ -16,7 +16,7 @@ from vllm_support import (
     make_llm,
 )
 
-from lookahead_client.server_process import ServerProcess
+from lookahead_client.processes.server import ServerProcess
 from lookahead_client.vllm import proposer_stats
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

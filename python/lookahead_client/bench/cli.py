@@ -248,8 +248,8 @@ def _replay_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if any(s.sharing == "cluster" for s in settings):
             if drafters != ["lookahead"]:
                 raise ValueError("--sharing cluster runs the lookahead drafter only")
-            from lookahead_client.nats_process import find_nats_server
-            from lookahead_client.server_process import find_server_binary
+            from lookahead_client.processes.nats import find_nats_server
+            from lookahead_client.processes.server import find_server_binary
 
             find_nats_server()
             find_server_binary()

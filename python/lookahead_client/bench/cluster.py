@@ -15,8 +15,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from lookahead_client.nats_process import NatsServerProcess
-from lookahead_client.server_process import ServerProcess, free_tcp_port
+from lookahead_client.processes.nats import NatsServerProcess
+from lookahead_client.processes.server import ServerProcess, free_tcp_port
 from lookahead_client.types import Drafter
 
 __all__ = ["ClusterLag", "LocalCluster"]

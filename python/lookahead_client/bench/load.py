@@ -14,7 +14,7 @@ Modes, run one after the other in one invocation, side by side in one table:
 * ``tcp-stream`` / ``uds-stream``: the same over one bidirectional stream per replica.
 
 The server is started by the benchmark (``--server-bin``, default: see
-``lookahead_client.server_process.find_server_binary``) unless ``--tcp`` / ``--uds`` name a
+``lookahead_client.processes.server.find_server_binary``) unless ``--tcp`` / ``--uds`` name a
 running one. Server CPU time is read from /proc for the measured window, which gives
 "request-drafts per server CPU-second" (the throughput of one fully busy core).
 """
@@ -384,7 +384,7 @@ def run_load(args: argparse.Namespace) -> int:
         any(m.startswith("uds") for m in remote) and not args.uds
     )
     if needs_server:
-        from lookahead_client.server_process import ServerProcess
+        from lookahead_client.processes.server import ServerProcess
 
         server_args = [
             "--max-namespaces",

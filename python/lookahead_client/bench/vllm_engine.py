@@ -350,7 +350,7 @@ def run_vllm(args: argparse.Namespace) -> int:
             env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
             server = None
             if name == "lookahead-server":
-                from lookahead_client.server_process import ServerProcess
+                from lookahead_client.processes.server import ServerProcess
 
                 server = ServerProcess(tcp=False).start()
                 env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})

@@ -19,7 +19,7 @@ import grpc.aio
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
 from lookahead_client.errors import LookaheadError
-from lookahead_client.remote.ledger import StepPlan
+from lookahead_client.remote.ledger import RemoteStep
 from lookahead_client.remote.sync import RemoteSettings, abandon, rename_ingest_field
 from lookahead_client.remote.wire import (
     StepTimeout,
@@ -168,7 +168,7 @@ class AsyncRemoteDrafter(RemoteSettings):
         async with self._serial():
             return await self._drive(self._plan(requests, cost))
 
-    async def _drive(self, plan: StepPlan) -> list[DraftTree]:
+    async def _drive(self, plan: RemoteStep) -> list[DraftTree]:
         conn = self._connection()
         exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
         try:

@@ -9,7 +9,7 @@ a request the server answers UNKNOWN_REQUEST for is re-sent that way within the 
 Finishes that did not reach the server are sent again with a later step, so the server does not
 keep requests the engine ended.
 
-A step runs as a :class:`StepPlan`: ``first_message()``, then ``on_response()`` (which may
+A step runs as a :class:`RemoteStep`: ``first_message()``, then ``on_response()`` (which may
 return a follow-up message re-sending lost requests) or ``on_unavailable()``, then
 ``result()``. The sync and the asyncio clients drive the same plan with their own I/O.
 """
@@ -37,7 +37,7 @@ from lookahead_client.remote.wire import (
 )
 from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
-__all__ = ["Exchange", "Ledger", "StepPlan"]
+__all__ = ["Exchange", "Ledger", "RemoteStep"]
 
 #: One call of a step: the message to send and the seconds left before the step's deadline.
 Exchange = tuple[pb.StepRequest, float]
@@ -82,9 +82,9 @@ class Ledger:
         namespace: str,
         step_id: int,
         cost: EngineCost | None = None,
-    ) -> StepPlan:
+    ) -> RemoteStep:
         """The plan of one step over ``requests`` (sized shapes cut against ``cost``)."""
-        return StepPlan(self, requests, namespace, step_id, cost)
+        return RemoteStep(self, requests, namespace, step_id, cost)
 
 
 # What an entry of a step message is (plain ints: this is the per-request hot path).
@@ -154,7 +154,7 @@ def _root(tokens: list[int]) -> int:
         return -1
 
 
-class StepPlan:
+class RemoteStep:
     """One step: the messages to send and what their answers mean for the ledger."""
 
     def __init__(

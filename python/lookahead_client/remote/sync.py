@@ -33,7 +33,7 @@ from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client._proto.lookahead.v1.lookahead_pb2_grpc import LookaheadStub
 from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.remote.fallback import Availability
-from lookahead_client.remote.ledger import Ledger, StepPlan
+from lookahead_client.remote.ledger import Ledger, RemoteStep
 from lookahead_client.remote.security import (
     TlsSettings,
     channel_credentials,
@@ -161,7 +161,7 @@ class RemoteSettings:
         self._availability = self._new_availability()
         return True
 
-    def _plan(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> StepPlan:
+    def _plan(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> RemoteStep:
         return self._ledger.plan(requests, self.namespace, next(self._step_ids), cost)
 
     def _step_timeout(self, fresh_channel: bool) -> float:
@@ -337,7 +337,7 @@ class RemoteDrafter(RemoteSettings):
         with self._lock:
             return self._drive(self._plan(requests, cost))
 
-    def _drive(self, plan: StepPlan) -> list[DraftTree]:
+    def _drive(self, plan: RemoteStep) -> list[DraftTree]:
         conn = self._connection()
         exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
         try:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import grpc
 
-from lookahead_client.child_process import ChildProcess, find_binary, free_tcp_port
+from lookahead_client.processes.child import ChildProcess, find_binary, free_tcp_port
 from lookahead_client.remote.security import TlsSettings, tls_channel_options
 
 __all__ = ["ServerProcess", "find_server_binary", "free_tcp_port"]
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def find_server_binary() -> str:

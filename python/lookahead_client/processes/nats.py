@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lookahead_client.child_process import ChildProcess, find_binary, free_tcp_port
+from lookahead_client.processes.child import ChildProcess, find_binary, free_tcp_port
 
 __all__ = ["NatsServerProcess", "find_nats_server"]
 
