@@ -11,6 +11,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=scripts/venv_common.sh
+source scripts/venv_common.sh
 VENV=.venv-vllm034
 SHARED="${VLLM034_DIR:-$ROOT/../shared/vllm-cpu-0.34}"
 WHEEL="$SHARED/vllm-0.34.0+cpu-cp311-cp311-linux_x86_64.whl"
@@ -26,15 +28,10 @@ fi
 stamp=$(cat scripts/vllm034_env.sh "$SHARED/constraints.txt" | sha256sum | cut -c1-16)-$(
     sha256sum "$WHEEL" | cut -c1-16)
 
-if [[ "$(cat "$VENV/.lookahead-stamp" 2>/dev/null)" != "$stamp" ]]; then
+if ! venv_is_current "$VENV" "$stamp"; then
     echo "building $VENV (vLLM 0.34.0 CPU build, torch 2.14.0; a few minutes the first time)"
-    if ! ldconfig -p | grep -q 'libnuma\.so\.1'; then
-        apt-get update -qq && apt-get install -y -qq libnuma1
-    fi
-    rm -rf "$VENV"
-    "${PYTHON:-python3}" -m venv "$VENV"
+    fresh_venv "$VENV"
     py="$VENV/bin/python"
-    "$py" -m pip install "${PIP[@]}" --upgrade pip
     "$py" -m pip install "${PIP[@]}" -r "$SHARED/constraints.txt"
     "$py" -m pip install "${PIP[@]}" --no-deps "$WHEEL"
     "$py" -m pip install "${PIP[@]}" "pytest>=8" "grpcio-health-checking>=1.81.1" \

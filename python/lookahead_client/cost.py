@@ -193,7 +193,7 @@ class CostModel:
         if context < 0 or pairs < 0:
             raise InvalidArgumentError("context and pairs must be >= 0", field="context")
         tok, ctx, prs = self._arrays(tokens, context, pairs)
-        if self.ready:
+        if self.ready and math.isfinite(self.outlier_factor):  # inf: the caller clips
             predicted = float(self.predict(tok, ctx, prs)[0])
             if predicted > 0:
                 seconds = min(seconds, self.outlier_factor * predicted)

@@ -3,11 +3,15 @@
 Engines measure their own step times; :class:`StepCostFeed` fits them with
 :class:`~lookahead_client.cost.CostModel` and turns the fit into the compact
 :class:`~lookahead_client.types.EngineCost` curve the core sizes drafts against (the core
-picks the lengths; Python only measures). The curve is refreshed every few steps, since the
-fit moves slowly and a refit costs more than a step of drafting.
+picks the lengths; Python only measures). The curve is refitted every 32 steps, since the fit
+moves slowly and a refit (a non-negative least-squares solve, about 2 ms) costs more than
+many steps of drafting; a measurement far above the current curve (a step that lost the CPU)
+is clipped against it without a refit.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -17,7 +21,9 @@ from lookahead_client.types import EngineCost
 __all__ = ["StepCostFeed"]
 
 # Steps between two refits of the curve handed to the core.
-_REFRESH_EVERY = 8
+_REFRESH_EVERY = 32
+# A measurement above this multiple of the current curve is clipped to it.
+_OUTLIER_FACTOR = 3.0
 # Every this many steps the core drafts one token beyond its choice (see EngineCost).
 _EXPLORE_EVERY = 32
 
@@ -34,7 +40,8 @@ class StepCostFeed:
     def __init__(
         self, *, padded: bool = False, max_tokens: int = 4096, explore_every: int = _EXPLORE_EVERY
     ) -> None:
-        self.model = CostModel(max_tokens=max_tokens)
+        # outliers are clipped here, against the curve, so that a measurement needs no refit
+        self.model = CostModel(max_tokens=max_tokens, outlier_factor=math.inf)
         self.padded = padded
         self.explore_every = explore_every
         self._knots = token_knots(max_tokens).astype(np.int64)
@@ -49,6 +56,10 @@ class StepCostFeed:
         """One measured step of ``rows`` requests: ``tokens`` verified in ``seconds`` over
         ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`). The
         curve describes steps like the last one measured."""
+        curve = self._curve
+        if curve is not None:
+            predicted = float(np.interp(tokens, curve.tokens, curve.seconds))
+            seconds = min(seconds, _OUTLIER_FACTOR * predicted)
         self.model.observe(tokens, seconds, context=context, pairs=pairs)
         self._context, self._rows = context, max(1, rows)
 
