@@ -210,3 +210,31 @@ def test_a_bad_config_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidArgumentError) as e:
         LookaheadProposer(vllm_config)
     assert e.value.field == "targte"
+
+
+def test_the_execute_model_hook_never_raises_into_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter whose ``scheduled`` raises does not fail vLLM's step: the hook logs once and
+    runs the step."""
+    import sys
+    import types
+
+    from lookahead_client.vllm import hook
+
+    class GPUModelRunner:
+        def execute_model(self, scheduler_output):
+            return ("stepped", scheduler_output)
+
+    module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    module.GPUModelRunner = GPUModelRunner
+    for name in ("vllm", "vllm.v1", "vllm.v1.worker"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", module)
+    assert hook.install()
+
+    class Broken:
+        def scheduled(self, *args):
+            raise RuntimeError("drafter bug")
+
+    runner = GPUModelRunner()
+    runner.drafter, runner.input_batch = Broken(), None
+    assert runner.execute_model("step-1") == ("stepped", "step-1")

@@ -28,6 +28,19 @@ _log = logging.getLogger("lookahead_client.vllm")
 _MARK = "__lookahead_hook__"
 
 
+_warned = False
+
+
+def _warn_once(error: Exception) -> None:
+    """Logs the first failure of the hook (the proposer then drafts what it can)."""
+    global _warned
+    if not _warned:
+        _warned = True
+        _log.warning(
+            "lookahead: the execute_model hook failed: %s: %s", type(error).__name__, error
+        )
+
+
 def install() -> bool:
     """Wraps ``GPUModelRunner.execute_model`` (the CPU runner inherits it) once per process.
 
@@ -51,7 +64,10 @@ def install() -> bool:
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         scheduled = getattr(getattr(self, "drafter", None), "scheduled", None)
         if scheduled is not None:
-            scheduled(self.input_batch, scheduler_output, time.perf_counter())
+            try:
+                scheduled(self.input_batch, scheduler_output, time.perf_counter())
+            except Exception as e:  # noqa: BLE001 - never fail vLLM's step for the drafter
+                _warn_once(e)
         return original(self, scheduler_output, *args, **kwargs)
 
     setattr(execute_model, _MARK, True)
