@@ -147,3 +147,40 @@ def test_a_gap_is_refused_naming_offset_and_the_request_drafts_on(
         [StepRequest("g", new_tokens=text[PROMPT : PROMPT + 4], budget=8, offset=PROMPT)]
     )
     assert len(tree) > 0 and tree.root == text[PROMPT + 3]
+
+
+def test_steps_whose_answer_was_lost_go_out_again_without_doubling(
+    server: ServerProcess,
+) -> None:
+    """The remote client's ledger: when a step's answer is lost (the server applied it, the
+    client cannot know), the next step re-sends its tokens at their offset and the server
+    skips them; the drafts end as those of a run that lost nothing, with no restart."""
+    from lookahead_client.remote.ledger import Ledger
+
+    stub = pb_grpc.LookaheadStub(grpc.insecure_channel(server.tcp_target))
+    text = list(range(50, 57)) * 12
+
+    def run(namespace: str, lose_every: int) -> tuple[list[DraftTree], Ledger, int]:
+        ledger = Ledger()
+        steps = [StepRequest("r", prompt=text[:PROMPT], budget=8)]
+        steps += [
+            StepRequest("r", new_tokens=text[a:b], budget=8) for a, b in schedule(5, len(text))
+        ]
+        steps.append(StepRequest("r", budget=8))  # a last step, always answered
+        trees, held = [], 0
+        for n, request in enumerate(steps):
+            plan = ledger.plan([request], namespace, n)
+            response = stub.Step(plan.first_message())
+            if lose_every and n % lose_every == 1 and n < len(steps) - 1:
+                plan.on_unavailable()  # applied by the server, but the answer is lost
+                continue
+            assert plan.on_response(response) is None
+            trees.append(plan.result()[0])
+            held = response.held[0]
+        return trees, ledger, held
+
+    clean, _, clean_held = run("lost-none", 0)
+    lossy, ledger, held = run("lost-some", 3)
+    assert held == clean_held == len(text), "every token held once"
+    assert lossy[-1] == clean[-1] and len(lossy[-1]) > 0
+    assert ledger.resyncs == 0

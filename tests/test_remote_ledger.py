@@ -71,24 +71,48 @@ def test_a_lost_request_is_resent_within_the_step() -> None:
     assert ledger.resyncs == 1 and ledger.active["a"].synced
 
 
-def test_after_an_outage_requests_are_resent_with_reset() -> None:
+def test_after_an_outage_steps_are_resent_at_their_offsets() -> None:
     ledger = Ledger()
     started(ledger, "a", [1, 2])
     plan = ledger.plan([StepRequest("a", new_tokens=[3], budget=4)], "ns", 2)
-    plan.first_message()
+    assert plan.first_message().requests[0].offset == 2
     plan.on_unavailable()
     assert plan.result() == [DraftTree.empty(3)]
-    # The tokens of the failed step are kept; the server's copy is in doubt.
+    # The tokens of the failed step are kept; what the server holds is in doubt.
     plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4)], "ns", 3)
     plan.unavailable_without_trying()
     assert plan.result() == [DraftTree.empty(4)]
     plan = ledger.plan([StepRequest("a", new_tokens=[5], budget=4)], "ns", 4)
     item = plan.first_message().requests[0]
-    assert list(item.prompt.tokens) == [1, 2] and list(item.new_tokens) == [3, 4, 5]
-    assert item.reset
+    # No restart: the unconfirmed tokens go out again from the last offset the server is known
+    # to hold (it skips those it applied after all).
+    assert not item.reset and not item.HasField("prompt")
+    assert item.offset == 2 and list(item.new_tokens) == [3, 4, 5]
     plan.on_response(answer(plan.first_message(), {0: (5, [])}))
     plan.result()
-    assert ledger.active["a"].tokens == [1, 2, 3, 4, 5] and ledger.active["a"].synced
+    assert ledger.active["a"].tokens == [1, 2, 3, 4, 5] and ledger.active["a"].held == 5
+    assert ledger.resyncs == 0
+    # A gap (the server holds less than the ledger thought) restarts the request at once.
+    plan = ledger.plan([StepRequest("a", new_tokens=[6], budget=4)], "ns", 5)
+    first = plan.first_message()
+    gap = answer(first, errors={0: pb.ERROR_CODE_INVALID_ARGUMENT})
+    gap.errors[0].field = "offset"
+    again = plan.on_response(gap)
+    assert again is not None
+    item = again.requests[0]
+    assert item.reset and list(item.prompt.tokens) == [1, 2]
+    assert list(item.new_tokens) == [3, 4, 5, 6] and not item.HasField("offset")
+
+
+def test_a_start_in_doubt_is_restarted_with_reset() -> None:
+    ledger = Ledger()
+    plan = ledger.plan([StepRequest("a", prompt=[1, 2], new_tokens=[3], budget=4)], "ns", 1)
+    plan.first_message()
+    plan.on_unavailable()
+    plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4)], "ns", 2)
+    item = plan.first_message().requests[0]
+    assert item.reset and list(item.prompt.tokens) == [1, 2]
+    assert list(item.new_tokens) == [3, 4]
 
 
 def test_a_resent_request_keeps_its_group() -> None:
@@ -173,7 +197,8 @@ def test_a_malformed_answer_counts_as_unavailable(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.ERROR):
         assert plan.on_response(pb.StepResponse(roots=[1, 2], sizes=[0, 0])) is None
     assert plan.result() == [DraftTree.empty(2)]
-    assert not ledger.active["a"].synced
+    # in doubt: the server is known to hold only the prompt; the step goes out again
+    assert ledger.active["a"].held == 1 and ledger.active["a"].tokens == [1, 2]
     assert "does not describe" in caplog.text
 
 

@@ -2,10 +2,13 @@
 
 Why a ledger: the server may lose a request (it restarted), or the client may not know what
 the server applied (a step timed out, the server was unreachable). The ledger keeps, for every
-active request, every token the client knows (prompt and all tokens since) and whether the
-server is known to hold exactly those. A request whose server copy is in doubt is re-sent as a
-prompt with ``reset`` (the server drops whatever it holds and restarts the request from it);
-a request the server answers UNKNOWN_REQUEST for is re-sent that way within the same step.
+active request, every token the client knows (prompt and all tokens since) and how many of
+them the server is known to hold. Every step of a tracked request says where its tokens start
+(``offset``), so a step whose fate is unknown is simply sent again with the next one: the
+server skips what it already holds. Only a request the server lost (UNKNOWN_REQUEST, or an
+offset past what it holds) or whose start is in doubt is re-sent as a prompt with ``reset``
+(the server drops whatever it holds and restarts the request from it), within the same step
+when the server said so.
 Finishes that did not reach the server are sent again with a later step, so the server does not
 keep requests the engine ended.
 
@@ -51,10 +54,13 @@ class _Tracked:
 
     #: Its prompt, then every token since.
     tokens: list[int]
-    #: The server is known to hold exactly ``tokens``.
+    #: The server holds a copy that steps can go on from (else: restart it with ``reset``).
     synced: bool
     prompt_len: int
     group: str | None
+    #: How many of ``tokens`` the server is known to hold (the rest went out in steps whose
+    #: answer never came; they are sent again, with their offset, in the next step).
+    held: int = 0
 
 
 class Ledger:
@@ -112,6 +118,7 @@ class _Entry:
         "shape",
         "temperature",
         "offset",
+        "fresh",
     )
 
     def __init__(
@@ -142,7 +149,9 @@ class _Entry:
         self.group = group
         self.shape = shape
         self.temperature = temperature
-        self.offset = offset  # the caller's; a resynchronised request restarts without one
+        self.offset = offset
+        #: This step's own new tokens (``new_tokens`` may also re-send unconfirmed ones).
+        self.fresh = new_tokens
 
 
 def _root(tokens: list[int]) -> int:
@@ -190,23 +199,28 @@ class RemoteStep:
                 kind = _FOREIGN
                 last = new
             self._roots.append(_root(last))
-            entries.append(
-                _Entry(
-                    kind,
-                    index,
-                    r.request_id,
-                    new,
-                    r.budget,
-                    r.accepted_last,
-                    r.finished,
-                    prompt,
-                    tracked,
-                    r.group,
-                    int(r.shape),
-                    float(r.temperature),
-                    r.offset,
-                )
+            entry = _Entry(
+                kind,
+                index,
+                r.request_id,
+                new,
+                r.budget,
+                r.accepted_last,
+                r.finished,
+                prompt,
+                tracked,
+                r.group,
+                int(r.shape),
+                float(r.temperature),
+                r.offset,
             )
+            if kind == _TRACKED:
+                # the ledger knows where the tokens start; unconfirmed ones go out again
+                entry.offset = tracked.held
+                entry.new_tokens = tracked.tokens[tracked.held :] + new
+            elif kind == _RESYNC:
+                entry.offset = None  # restarted from its prompt
+            entries.append(entry)
         if ledger.pending_ends:
             ids = {e.request_id for e in entries}
             entries.extend(
@@ -373,7 +387,8 @@ class RemoteStep:
                 continue
             tracked = e.tracked
             if e.kind == _TRACKED and tracked is not None and not e.finished:  # the usual case
-                tracked.tokens.extend(e.new_tokens)
+                tracked.tokens.extend(e.fresh)
+                tracked.held = len(tracked.tokens)
             else:
                 self._applied(e)
             if e.index >= 0:
@@ -392,12 +407,14 @@ class RemoteStep:
             ledger.pending_ends.pop(e.request_id, None)
             if not e.finished:
                 assert e.prompt is not None
+                tokens = e.prompt + e.new_tokens
                 ledger.active[e.request_id] = _Tracked(
-                    e.prompt + e.new_tokens, True, len(e.prompt), e.group
+                    tokens, True, len(e.prompt), e.group, len(tokens)
                 )
         elif e.tracked is not None:  # _TRACKED or _RESYNC
-            e.tracked.tokens.extend(e.new_tokens)
+            e.tracked.tokens.extend(e.fresh)
             e.tracked.synced = True
+            e.tracked.held = len(e.tracked.tokens)
             if e.kind == _RESYNC and not e.finished:
                 ledger.resyncs += 1
         if e.finished:
@@ -413,16 +430,19 @@ class RemoteStep:
             # Lost by the server, and over anyway.
             ledger.pending_ends.pop(e.request_id, None)
             ledger.active.pop(e.request_id, None)
-        elif lost and e.kind == _TRACKED:
-            # The server lost a request we track (it restarted): re-send it as a prompt now.
+        elif (lost or error.field == "offset") and e.kind == _TRACKED:
+            # The server lost a request we track (it restarted), or holds less of it than
+            # we thought: re-send it as a prompt now.
             e.kind = _RESYNC
+            e.new_tokens, e.offset = e.fresh, None
             resend.append(e)
         else:
             self._errors.append((e.index, error_from_request_error(error)))
 
     def on_unavailable(self) -> None:
-        """The message in flight may or may not have been applied: its requests are re-sent
-        as prompts (with reset) once the server answers again."""
+        """The message in flight may or may not have been applied: its steps go out again
+        with the next step, at their offsets (starts in doubt are re-sent as prompts with
+        reset)."""
         entries = self._in_flight
         self._in_flight = []
         ledger = self._ledger
@@ -436,8 +456,8 @@ class RemoteStep:
                         e.prompt + e.new_tokens, False, len(e.prompt), e.group
                     )
             elif e.kind in (_TRACKED, _RESYNC) and e.tracked is not None:
-                e.tracked.tokens.extend(e.new_tokens)
-                e.tracked.synced = False
+                # held stays what the server is known to hold; a restart in doubt stays one
+                e.tracked.tokens.extend(e.fresh)
                 if e.finished:
                     ledger.active.pop(e.request_id, None)
                     ledger.owe_end(e.request_id)
