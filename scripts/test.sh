@@ -58,7 +58,7 @@ ruff check python tests
 ruff format --check python tests
 
 step "pytest"
-python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine
+python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine --ignore=tests/vllm034
 
 step "pytest: real vLLM 0.32 engines (.venv-vllm)"
 .venv-vllm/bin/python -m pytest tests/vllm_engine -q -p no:cacheprovider
