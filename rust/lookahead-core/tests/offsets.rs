@@ -147,3 +147,23 @@ fn a_start_offset_must_follow_its_prompt() {
         Err(DraftError::RequestAlreadyActive { .. })
     ));
 }
+
+#[test]
+fn feedback_of_a_repeat_counts_once_and_a_step_with_new_tokens_counts() {
+    let d = drafter();
+    let text: Vec<Token> = (1..40).collect();
+    d.step(&[step("r", Some(&text[..10]), &text, 10, 10)])
+        .remove(0)
+        .unwrap();
+    let with_feedback = |offset, end| StepItem {
+        accepted_last: Some(1),
+        ..step("r", None, &text, offset, end)
+    };
+    d.step(&[with_feedback(10, 12)]).remove(0).unwrap();
+    d.step(&[with_feedback(10, 12)]).remove(0).unwrap(); // sent again
+    assert_eq!(d.stats().steps_reported, 1);
+    // the lost tokens again, with new ones: a new step
+    d.step(&[with_feedback(11, 14)]).remove(0).unwrap();
+    assert_eq!(d.stats().steps_reported, 2);
+    assert_eq!(d.held_tokens("r"), Some(14));
+}

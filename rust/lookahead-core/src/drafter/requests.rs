@@ -98,7 +98,10 @@ impl Drafter {
                 held,
             });
         }
-        Ok((&item.new_tokens[overlap..], offset < held))
+        // a repeat: everything it carries was held already (a step that also brings new
+        // tokens is a new step, whose feedback counts)
+        let repeated = offset < held && overlap == item.new_tokens.len();
+        Ok((&item.new_tokens[overlap..], repeated))
     }
 
     /// Finds (or, with a prompt, creates) the request and applies the item's tokens it does
