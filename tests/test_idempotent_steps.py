@@ -32,16 +32,6 @@ def schedule(seed: int, length: int) -> list[tuple[int, int]]:
     return steps
 
 
-class Embedded:
-    """One step of two requests through an embedded drafter."""
-
-    def __init__(self) -> None:
-        self.drafter = EmbeddedDrafter()
-
-    def step(self, items: list[StepRequest]) -> list[DraftTree]:
-        return self.drafter.step(items)
-
-
 class Server:
     """The same through a real lookahead-server's gRPC API (no client-side bookkeeping)."""
 
@@ -114,7 +104,7 @@ def server():
 
 def drafters(kind: str, server: ServerProcess):
     if kind == "embedded":
-        return Embedded(), Embedded()
+        return EmbeddedDrafter(), EmbeddedDrafter()
     return Server(server, "clean"), Server(server, "twice")
 
 

@@ -93,7 +93,9 @@ impl Drafter {
             None => sizing::choose(&refs, &CostCurve::flat(), Layout::Ragged, decoding, false),
         };
         for (&i, length) in sized.iter().zip(lengths) {
-            if let Ok(tree) = &mut results[i] {
+            if let Ok(tree) = &mut results[i]
+                && length < tree.len()
+            {
                 self.counters
                     .sized_away
                     .fetch_add((tree.len() - length) as u64, Ordering::Relaxed);
