@@ -221,17 +221,6 @@ class DraftBatch:
         np.cumsum(self.sizes, out=offsets[1:])
         object.__setattr__(self, "offsets", offsets)
 
-    @classmethod
-    def from_trees(cls, trees: Sequence[DraftTree]) -> DraftBatch:
-        """The columns of some trees."""
-        return cls(
-            np.asarray([t.root for t in trees], dtype=np.int64),
-            np.asarray([len(t) for t in trees], dtype=np.uint32),
-            np.asarray([x for t in trees for x in t.tokens], dtype=np.int64),
-            np.asarray([x for t in trees for x in t.parents], dtype=np.int32),
-            np.asarray([x for t in trees for x in t.scores], dtype=np.float32),
-        )
-
     def __len__(self) -> int:
         return len(self.sizes)
 
