@@ -1,14 +1,22 @@
 """``"method": "lookahead"`` in real vLLM 0.34 engines: registered by the package's entry
 point, greedy output identical to no speculation, accepted drafts in vLLM's counters, every
 request started and ended once, n > 1 at temperature 0.8, a lookahead-server on a Unix socket
-from vLLM's default multiprocess engine killed mid-generation, bad options refused at start."""
+from vLLM's default multiprocess engine killed mid-generation, one drafter per tensor-parallel
+group whose drafts every rank verifies, bad options refused at start."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from vllm_support import close, counter, greedy, greedy_stepwise, make_llm
+from vllm_support import (
+    close,
+    counter,
+    greedy,
+    greedy_stepwise,
+    make_llm,
+    tensor_parallel_outputs,
+)
 
 from lookahead_client.processes.server import ServerProcess
 from lookahead_client.vllm import speculator_stats
@@ -79,6 +87,19 @@ def test_a_server_from_the_multiprocess_engine_killed_mid_generation(
             assert after["client"]["fallback_steps"] > 0, after
         finally:
             close(llm)
+
+
+def test_tensor_parallel_ranks_share_rank_0s_drafts(tiny_model, prompts, monkeypatch) -> None:
+    """TP = 2: one drafter (rank 0), and the output is a plain TP = 2 engine's. Each rank feeds
+    its own drafts to its own shard, so a rank verifying other drafts breaks the output (it
+    did before rank 0 broadcast its drafts)."""
+    plain, drafted, (rank0, rank1), accepted = tensor_parallel_outputs(
+        tiny_model, spec(), prompts, TOKENS, speculator_stats, monkeypatch
+    )
+    assert drafted == plain
+    assert accepted > 0
+    assert rank0["rank"] == 0 and rank0["drafted_requests"] > 0, rank0
+    assert rank1 == {"rank": 1, "drafter": None}, rank1
 
 
 def test_bad_options_are_refused_at_start_naming_the_key(tiny_model, monkeypatch) -> None:

@@ -1,6 +1,7 @@
 """lookahead as vLLM's drafter in real vLLM engines: identical greedy output, accepted drafts
 in vLLM's own counters, exact request identity, sampling and n > 1, a lookahead-server on a
-Unix socket from vLLM's default multiprocess engine, and a server killed mid-generation."""
+Unix socket from vLLM's default multiprocess engine, a server killed mid-generation, and one
+drafter per tensor-parallel group."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from vllm_support import (
     greedy_stepwise,
     lookahead_spec,
     make_llm,
+    tensor_parallel_outputs,
 )
 
 from lookahead_client.processes.server import ServerProcess
@@ -119,3 +121,15 @@ def test_a_server_from_the_multiprocess_engine_and_killed_mid_generation(
             assert greedy(llm, prompts) == plain_outputs[SHORT]
         finally:
             close(llm)
+
+
+def test_tensor_parallel_builds_one_drafter(tiny_model, prompts, monkeypatch) -> None:
+    """TP = 2: vLLM takes rank 0's drafts (and sends them to every rank), so rank 1 builds
+    no drafter (nor talks to a server); the output is a plain TP = 2 engine's."""
+    plain, drafted, (rank0, rank1), accepted = tensor_parallel_outputs(
+        tiny_model, lookahead_spec(), prompts, SHORT, proposer_stats, monkeypatch
+    )
+    assert drafted == plain
+    assert accepted > 0
+    assert rank0["rank"] == 0 and rank0["drafted_requests"] > 0, rank0
+    assert rank1 == {"rank": 1, "drafter": None}, rank1

@@ -125,3 +125,33 @@ def in_process_outputs(model: str, prompts, max_tokens) -> list[list[int]]:
         return out
     finally:
         os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+
+
+def tensor_parallel_outputs(
+    model: str, speculative_config, prompts, max_tokens, stats, monkeypatch
+):
+    """Greedy outputs of two engines with tensor parallel size 2 (worker processes), plain and
+    with ``speculative_config``; returns (plain outputs, speculative outputs, ``stats`` of
+    each rank of the speculative engine, its accepted draft tokens)."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(function)
+    # vLLM compiles its vocab-parallel embedding (TP > 1 only) with torch.compile, which
+    # cannot build kernels on these CPU builds: eager instead
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    tp = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    llm = make_llm(model, **tp)
+    try:
+        plain = greedy(llm, prompts, max_tokens)
+    finally:
+        close(llm)
+    llm = make_llm(model, speculative_config, **tp)
+    try:
+        drafted = greedy(llm, prompts, max_tokens)
+        return (
+            plain,
+            drafted,
+            llm.collective_rpc(stats),
+            counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+        )
+    finally:
+        close(llm)

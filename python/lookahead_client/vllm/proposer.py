@@ -21,6 +21,11 @@ step it:
 
 Which drafter: the ``LOOKAHEAD_VLLM`` environment variable, the JSON of
 :class:`~lookahead_client.engine.config.LookaheadConfig` (unset or ``{}``: embedded).
+
+Tensor parallel: vLLM builds a proposer on every rank of the last stage, but the scheduler
+takes the drafts of rank 0 only and sends them to every rank with the next step; so only
+tensor-parallel rank 0 builds a drafter (and talks to a server), the other ranks propose
+nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.vllm import hook
 from lookahead_client.vllm.drafting import ChainDrafting, Row
+from lookahead_client.vllm.parallel import tensor_parallel_group, tensor_parallel_rank
 from lookahead_client.vllm.versions import check_version
 
 __all__ = ["LookaheadProposer"]
@@ -92,22 +98,38 @@ class LookaheadProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.config = config or LookaheadConfig.from_env(VLLM_ENV) or LookaheadConfig()
-        self.drafting = ChainDrafting(
-            self.config, k=self.k, vocab_size=self.vocab_size, max_model_len=self.max_model_len
-        )
-        self._hooked = hook.install()
         # Set by the hook at every step (see .hook).
         self._batch: Any = None
         self._schedule: Any = None
         self._step_started: float | None = None
         self._finished: set[str] = set()
         self._timing = _Timing()
+        self.rank = tensor_parallel_rank(tensor_parallel_group())
+        self._drafting: ChainDrafting | None = None
+        self._hooked = False
+        if self.rank != 0:
+            return
+        self._drafting = ChainDrafting(
+            self.config, k=self.k, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
+        self._hooked = hook.install()
         _log.info(
             "lookahead: vLLM drafts come from %s (K=%d, sizing %s)",
             self.config.describe(),
             self.k,
             "on" if self.config.sizing else "off",
         )
+
+    @property
+    def drafting(self) -> ChainDrafting:
+        """The drafting of this proposer.
+
+        Raises:
+            RuntimeError: on a tensor-parallel rank other than 0, which has no drafter.
+        """
+        if self._drafting is None:
+            raise RuntimeError(f"tensor-parallel rank {self.rank} has no lookahead drafter")
+        return self._drafting
 
     @property
     def guard(self) -> DraftGuard:
@@ -154,9 +176,11 @@ class LookaheadProposer:
             token_ids_cpu: the token table (row ``i``: prompt then outputs).
             slot_mappings: unused.
         """
+        rows = len(sampled_token_ids)
+        if self._drafting is None:
+            return [[] for _ in range(rows)]  # not rank 0: vLLM uses rank 0's drafts
         started = time.perf_counter()
         engine = None if self._step_started is None else started - self._step_started
-        rows = len(sampled_token_ids)
         try:
             drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, engine)
         except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
@@ -236,13 +260,18 @@ class LookaheadProposer:
 
     def stats(self) -> dict[str, Any]:
         """Counters of :class:`ChainDrafting`, and the proposer's own time per call against
-        the engine's step time, by batch size."""
+        the engine's step time, by batch size (none on tensor-parallel ranks other than 0)."""
+        if self._drafting is None:
+            return {"rank": self.rank, "drafter": None}
         out = self.drafting.stats()
+        out["rank"] = self.rank
         out["timing"] = self._timing.stats()
         return out
 
     def __repr__(self) -> str:
-        steps = self.drafting.steps
+        if self._drafting is None:
+            return f"LookaheadProposer(K={self.k}, rank={self.rank}, no drafter)"
+        steps = self._drafting.steps
         return f"LookaheadProposer(K={self.k}, {self.config.describe()}, steps={steps})"
 
 

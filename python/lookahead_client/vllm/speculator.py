@@ -12,9 +12,12 @@ really produces it (lossless either way). With vLLM's adaptive verification on
 (``"enable_adaptive_verification": true``), ``draft_token_confidence_probs`` holds each draft
 token's calibrated conditional probability, from which vLLM picks each row's length.
 
-Tensor parallel: every rank of the last stage builds a speculator, but only one rank's drafts
-are used, so only tensor-parallel rank 0 builds a drafter (and talks to a server); the other
-ranks return zeros.
+Tensor parallel: every rank of the last stage builds a speculator and feeds its own drafts to
+its own shard of the model at the next step, so every rank must propose the same drafts (a
+rank with other drafts computes other activations, and the all-reduce mixes them: wrong
+output). Only tensor-parallel rank 0 builds a drafter (and talks to a server); it broadcasts
+each step's drafts (and, with adaptive verification, their confidences) to the other ranks of
+its group.
 """
 
 from __future__ import annotations
@@ -30,21 +33,12 @@ from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from lookahead_client.vllm.drafting import ChainDrafting, Row
 from lookahead_client.vllm.method import config_of
+from lookahead_client.vllm.parallel import tensor_parallel_group, tensor_parallel_rank
 from lookahead_client.vllm.versions import check_version
 
 __all__ = ["LookaheadSpeculator"]
 
 _log = logging.getLogger("lookahead_client.vllm")
-
-
-def _tensor_parallel_rank() -> int:
-    """This process's tensor-parallel rank (0 outside a parallel group)."""
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return int(get_tensor_model_parallel_rank())
-    except (AssertionError, ImportError, RuntimeError):  # no group initialised
-        return 0
 
 
 class LookaheadSpeculator(BaseSpeculator):
@@ -70,7 +64,8 @@ class LookaheadSpeculator(BaseSpeculator):
         )
         self.config = config_of(spec.speculator_options)
         self._vocab_size = int(vllm_config.model_config.get_vocab_size())
-        self.rank = _tensor_parallel_rank()
+        self._group = tensor_parallel_group()
+        self.rank = tensor_parallel_rank(self._group)
         self.drafting: ChainDrafting | None = None
         if self.rank == 0:
             self.drafting = self._new_drafting()
@@ -101,7 +96,8 @@ class LookaheadSpeculator(BaseSpeculator):
         """Requests that finished: ended in the drafter with the next step."""
         finished = set(finished_req_ids)
         self.ended += len(finished)
-        self._finished.update(finished)
+        if self.drafting is not None:
+            self._finished.update(finished)
 
     def reset_state(self) -> None:
         """After vLLM's warm-up: an embedded drafter forgets the warm-up's dummy text."""
@@ -137,17 +133,24 @@ class LookaheadSpeculator(BaseSpeculator):
         confidence = self.draft_token_confidence_probs[:num_reqs]
         drafts.zero_()
         confidence.zero_()
+        if dummy_run or is_profile or num_reqs == 0:
+            return drafts  # the same on every rank: nothing to share
         drafting = self.drafting
-        if dummy_run or is_profile or drafting is None or num_reqs == 0:
-            return drafts
-        try:
-            self._propose(drafting, input_batch, num_reqs, num_sampled, temperature)
-        except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
-            drafting.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
-            drafts.zero_()
-            confidence.zero_()
-        finally:
-            self._returned_at = time.perf_counter()
+        if drafting is not None:
+            try:
+                self._propose(drafting, input_batch, num_reqs, num_sampled, temperature)
+            except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
+                drafting.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
+                drafts.zero_()
+                confidence.zero_()
+            finally:
+                self._returned_at = time.perf_counter()
+        if self._group is not None:
+            # every rank verifies its own copy: rank 0's drafts go to all (rank 0 always
+            # reaches this line, or the other ranks would wait for it forever)
+            self._group.broadcast(drafts, src=0)
+            if self.enable_adaptive_verification:
+                self._group.broadcast(confidence, src=0)
         return drafts
 
     # -- one step ---------------------------------------------------------------------------
@@ -210,7 +213,7 @@ class LookaheadSpeculator(BaseSpeculator):
     # -- observability ----------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters of :class:`ChainDrafting` (empty on tensor-parallel ranks other than 0)."""
+        """Counters of :class:`ChainDrafting` (none on tensor-parallel ranks other than 0)."""
         if self.drafting is None:
             return {"rank": self.rank, "drafter": None}
         out = self.drafting.stats()
