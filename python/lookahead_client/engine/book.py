@@ -42,9 +42,13 @@ class RequestView:
     The pieces may be lists or numpy arrays, and may be the engine's live sequences (SGLang
     appends to ``output_ids`` in place, vLLM to its token table); the view covers the first
     :attr:`total` tokens, counted when it is made.
+
+    A *tail* view (``start > 0``) holds only the tokens from position ``start`` on (its
+    ``prompt`` piece is empty): enough to feed a request the drafter holds up to ``start`` or
+    later, never to start one (the book leaves such a request undrafted for the step).
     """
 
-    __slots__ = ("rid", "prompt", "output", "spliced", "total", "temperature", "_lens")
+    __slots__ = ("rid", "prompt", "output", "spliced", "total", "temperature", "start", "_lens")
 
     def __init__(
         self,
@@ -53,21 +57,32 @@ class RequestView:
         output: Sequence[int],
         spliced: Sequence[int] = (),
         temperature: float = 0.0,
+        start: int = 0,
     ) -> None:
+        if start > 0 and len(prompt) > 0:
+            raise ValueError("a tail view (start > 0) has no prompt piece")
         self.rid = rid
         #: The request's sampling temperature (0: greedy).
         self.temperature = temperature
         self.prompt = prompt
         self.output = output
         self.spliced = spliced
+        #: The position of the view's first token (0: the whole request).
+        self.start = start
         self._lens = (len(prompt), len(output), len(spliced))
         #: The number of tokens known when the view was made.
-        self.total = sum(self._lens)
+        self.total = start + sum(self._lens)
 
     def tokens_from(self, start: int) -> list[int]:
-        """The tokens at positions ``start..total`` (only those are copied)."""
+        """The tokens at positions ``start..total`` (only those are copied).
+
+        Raises:
+            ValueError: ``start`` is before the view's first token.
+        """
+        if start < self.start:
+            raise ValueError(f"the view of {self.rid!r} starts at {self.start}, not {start}")
         out: list[int] = []
-        offset = 0
+        offset = self.start
         for piece, n in zip((self.prompt, self.output, self.spliced), self._lens, strict=True):
             if start < offset + n:
                 out.extend(_ints(piece[max(start - offset, 0) : n]))
@@ -148,6 +163,15 @@ class RequestBook:
     def __contains__(self, rid: str) -> bool:
         return rid in self._tracked
 
+    def needs_from(self, rid: str) -> int | None:
+        """The position from which the next :meth:`plan` needs ``rid``'s tokens: the tokens
+        the drafter holds (prompt included), 0 when it holds none (the request starts from its
+        whole history), None when ``rid`` is no longer drafted."""
+        if rid in self._disabled:
+            return None
+        t = self._tracked.get(rid)
+        return 0 if t is None else t.sent
+
     @property
     def disabled(self) -> int:
         """Requests no longer drafted because the drafter kept refusing them."""
@@ -178,6 +202,9 @@ class RequestBook:
             if t is not None and t.sent > view.total:
                 self.resync(view.rid)  # fewer tokens than the drafter holds: our copy is wrong
                 t = None
+            if view.start > (0 if t is None else t.sent):
+                plan.live.append(-1)  # a tail that cannot start it, or misses tokens: next step
+                continue
             plan.live.append(len(plan.requests))
             if t is None:
                 plan.starts.add(i)

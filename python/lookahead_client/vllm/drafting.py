@@ -38,10 +38,12 @@ class Row:
     Attributes:
         index: its row in the engine's batch.
         rid: vLLM's request id.
-        prompt: its prompt tokens.
-        output: its output tokens so far (the token just sampled included).
+        prompt: its prompt tokens (empty in a tail).
+        output: its tokens after the prompt, or after ``start`` in a tail, up to the token
+            just sampled.
         temperature: its sampling temperature (0: greedy).
         room: the most draft tokens that fit before the model's length limit.
+        start: 0, or a tail's first position (at most :meth:`ChainDrafting.needs_from`).
     """
 
     index: int
@@ -50,6 +52,7 @@ class Row:
     output: Sequence[int]
     temperature: float
     room: int
+    start: int = 0
 
 
 @dataclass(slots=True)
@@ -101,16 +104,29 @@ class ChainDrafting:
         if self.cost is not None and tokens > 0 and seconds > 0:
             self.cost.observe(tokens, seconds, rows=rows, context=context, pairs=pairs)
 
-    def step(self, rows: Sequence[Row]) -> list[Chain]:
-        """The chain of each row that gets one (rows without a chain decode plainly)."""
+    def begin(self) -> bool:
+        """Starts a step: settles the drafter's answers to earlier steps. False when the
+        drafter is still busy with one (the step has no drafts; a skip is counted); else
+        :meth:`step` follows, and :meth:`needs_from` holds until it does."""
         self.steps += 1
         guard = self.guard
         for plan, outcome in guard.collect():
             self.book.commit(plan, outcome.failed)
         if not guard.ready:
             guard.skip()
-            return []
-        views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature) for r in rows]
+            return False
+        return True
+
+    def needs_from(self, rid: str) -> int | None:
+        """The position from which this step needs ``rid``'s tokens (0: all of them; None:
+        none, it is not drafted); a row may be a tail that starts there or earlier."""
+        return self.book.needs_from(rid)
+
+    def step(self, rows: Sequence[Row]) -> list[Chain]:
+        """The chain of each row that gets one (rows without a chain decode plainly); after
+        :meth:`begin` returned True."""
+        guard = self.guard
+        views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature, r.start) for r in rows]
         plan = self.book.plan(views)
         if not plan.requests:
             return []

@@ -217,6 +217,8 @@ class LookaheadProposer:
         self.drafting.end(self._finished)
         self._finished.clear()
         self._observe(req_ids, sampled, num_tokens, engine_seconds)
+        if not self.drafting.begin():
+            return out
         prompt_lens = batch.num_prompt_tokens
         temperatures = _temperatures(batch, rows)
         views = []

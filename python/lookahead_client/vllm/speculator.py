@@ -3,8 +3,10 @@
 vLLM's V2 model runner builds it on the last pipeline stage with its request states and calls
 :meth:`LookaheadSpeculator.propose` after every step. Request identity comes from vLLM itself
 (``input_batch.req_ids``, ``on_requests_finished``): no monkeypatching. Each step it reads
-the drafted rows' lengths, temperatures and token histories from vLLM's request states (one
-copy to the host for the small per-row values and one for the token rows: free on CPU), asks
+from vLLM's request states, in one copy to the host, every row's length, sampled count,
+temperature and last K + 1 tokens (gathered on the device: a step appends at most K + 1
+tokens, and the drafter holds the rest); only a request that starts (or fell behind that
+window) has its whole history read, once, in a second copy. It asks
 :class:`~lookahead_client.vllm.drafting.ChainDrafting` for chains, and writes them into the
 ``[num_reqs, K]`` draft tensor vLLM verifies. vLLM 0.34 verifies K slots for every row: a row
 without a draft (or a short one) is padded with token 0, which vLLM rejects unless the model
@@ -78,6 +80,12 @@ class LookaheadSpeculator(BaseSpeculator):
         self._finished: set[str] = set()
         self._returned_at: float | None = None
         self.ended = 0
+        # A step appends at most K + 1 tokens to a request: the window read every step.
+        self._offsets = torch.arange(self.k + 1, dtype=torch.int64, device=device)
+        #: Rows read as the window's tail (the drafter held the rest), and rows whose whole
+        #: history was read (requests that start, or fell behind the window).
+        self.tail_reads = 0
+        self.whole_reads = 0
 
     def _new_drafting(self) -> ChainDrafting:
         return ChainDrafting(
@@ -167,47 +175,72 @@ class LookaheadSpeculator(BaseSpeculator):
         if self._finished:
             drafting.end(self._finished)
             self._finished.clear()
+        if not drafting.begin():
+            return  # the drafter is still busy with an earlier step: nothing to read
         states = self.req_states
         slots_np = np.asarray(input_batch.idx_mapping_np[:num_reqs], dtype=np.int64)
         slots = torch.from_numpy(slots_np).to(temperature.device)
-        # the per-row values in one copy to the host, then the token rows in one more
-        small = torch.stack(
+        total_gpu = states.total_len.gpu[slots]
+        # the last `window` tokens of every row, gathered where they live
+        w = self._offsets.numel()
+        positions = (total_gpu.to(torch.int64)[:, None] - w + self._offsets).clamp_(min=0)
+        tails_gpu = states.all_token_ids.gpu[slots[:, None], positions]
+        packed = torch.cat(
             [
-                states.total_len.gpu[slots].to(torch.float64),
-                num_sampled[:num_reqs].to(torch.float64),
-                temperature[slots].to(torch.float64),
-            ]
-        ).cpu()
-        total = small[0].numpy().astype(np.int64)
-        sampled = small[1].numpy()
-        temps = np.maximum(small[2].numpy(), 0.0)
+                total_gpu.to(torch.int32)[:, None],
+                num_sampled[:num_reqs].to(torch.int32)[:, None],
+                temperature[slots].to(torch.float32).view(torch.int32)[:, None],
+                tails_gpu.to(torch.int32),
+            ],
+            dim=1,
+        )
+        host = packed.cpu().numpy()  # the step's one copy to the host
+        total = host[:, 0].astype(np.int64)
+        sampled = host[:, 1]
+        temps = np.maximum(host[:, 2].view(np.float32).astype(np.float64), 0.0)
+        tails = host[:, 3:]
         if self._returned_at is not None:
             # the engine's step: from the last answer to this call
             tokens = int(getattr(input_batch, "num_tokens", 0))
             drafting.observe(
                 tokens, now - self._returned_at, rows=num_reqs, context=int(total.sum())
             )
-        longest = int(total.max())
-        table = states.all_token_ids.gpu[slots, :longest].cpu().numpy()
         prompt_len = states.prompt_len.np[slots_np]
-        rows = []
         req_ids = input_batch.req_ids
+        rows: list[Row] = []
+        whole: list[tuple[int, int, int, float, int]] = []
         for b in range(num_reqs):
             n = int(total[b])
             p = int(prompt_len[b])
             room = self.max_model_len - n - 1
             if sampled[b] <= 0 or room <= 0 or n <= p:
                 continue  # a prefill chunk, or no room for a draft
-            rows.append(Row(b, req_ids[b], table[b, :p], table[b, p:n], float(temps[b]), room))
+            needs = drafting.needs_from(req_ids[b])
+            if needs is None:
+                continue  # no longer drafted
+            m = min(w, n - 1)  # a tail starts at 1 or later: it never looks like a whole
+            if needs >= n - m:
+                rows.append(Row(b, req_ids[b], (), tails[b, w - m :], float(temps[b]), room, n - m))
+            else:
+                whole.append((b, n, p, float(temps[b]), room))
+        if whole:
+            # requests that start (or fell behind the window): their whole history, once
+            index = np.array([b for b, *_ in whole], dtype=np.int64)
+            longest = max(n for _, n, *_ in whole)
+            table = states.all_token_ids.gpu[slots[index], :longest].cpu().numpy()
+            for j, (b, n, p, temp, room) in enumerate(whole):
+                rows.append(Row(b, req_ids[b], table[j, :p], table[j, p:n], temp, room))
+        self.tail_reads += len(rows) - len(whole)
+        self.whole_reads += len(whole)
         chains = drafting.step(rows)
         if not chains:
             return
-        host = np.zeros((num_reqs, self.k), dtype=np.int64)
+        host_drafts = np.zeros((num_reqs, self.k), dtype=np.int64)
         conf = np.zeros((num_reqs, self.k), dtype=np.float32)
         for chain in chains:
-            host[chain.row, : len(chain.tokens)] = chain.tokens
+            host_drafts[chain.row, : len(chain.tokens)] = chain.tokens
             conf[chain.row, : len(chain.confidence)] = chain.confidence
-        self.drafts[:num_reqs].copy_(torch.from_numpy(host))
+        self.drafts[:num_reqs].copy_(torch.from_numpy(host_drafts))
         self.draft_token_confidence_probs[:num_reqs].copy_(torch.from_numpy(conf))
 
     # -- observability ----------------------------------------------------------------------
@@ -219,6 +252,8 @@ class LookaheadSpeculator(BaseSpeculator):
         out = self.drafting.stats()
         out["rank"] = self.rank
         out["ended"] = self.ended  # requests vLLM reported finished
+        out["tail_reads"] = self.tail_reads
+        out["whole_reads"] = self.whole_reads
         return out
 
     def __repr__(self) -> str:
