@@ -47,6 +47,32 @@ def test_book_starts_with_the_prompt_then_sends_only_new_tokens_with_feedback():
     assert (book.accepted_drafts, book.expected_drafts) == (3, 2.5)
 
 
+def test_book_feeds_a_tail_view_and_never_starts_a_request_from_one():
+    """vLLM 0.34 reads only each row's last tokens once the drafter holds the rest."""
+    book = RequestBook(budget=4)
+    assert book.needs_from("a") == 0
+    # a tail cannot start a request: it is not drafted this step, nothing is sent
+    plan = book.plan([RequestView("a", (), [3, 4], start=2)])
+    assert plan.live == [-1] and plan.requests == []
+    plan = book.plan([RequestView("a", [1, 2], [3, 4])])
+    book.commit(plan, frozenset())
+    book.fed(plan, 0, depth=2)
+    assert book.needs_from("a") == 4
+    # the tail from position 3 on covers what the drafter lacks: only the new tokens go
+    plan = book.plan([RequestView("a", (), [4, 5, 6], start=3)])
+    (step,) = plan.requests
+    assert list(step.new_tokens) == [5, 6] and step.accepted_last == 1
+    book.commit(plan, frozenset())
+    assert book.needs_from("a") == 6
+    # a tail that misses tokens the drafter lacks is not drafted (and not resynced)
+    plan = book.plan([RequestView("a", (), [9], start=8)])
+    assert plan.live == [-1] and book.needs_from("a") == 6 and book.resyncs == 0
+    with pytest.raises(ValueError, match="starts at 8"):
+        RequestView("a", (), [9], start=8).tokens_from(7)
+    with pytest.raises(ValueError, match="no prompt"):
+        RequestView("a", [1], [2], start=1)
+
+
 def test_book_feedback_is_unknown_when_more_was_appended_than_the_tree_held():
     book = RequestBook(budget=7)
     plan = book.plan([RequestView("a", [1, 2], [3])])
