@@ -13,6 +13,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 step() { printf '\n==> %s\n' "$*"; }
 start=$SECONDS
+# CI machines' free disk varies: say it up front, so that a full disk reads as one.
+df -Ph "$ROOT" | awk 'NR == 2 {print "disk: " $4 " free (the suite needs about 20 GB)"}'
 
 step "python environment (.venv) with the package and every extra"
 # shellcheck source=scripts/venv_common.sh
