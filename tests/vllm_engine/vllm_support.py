@@ -138,6 +138,9 @@ def tensor_parallel_outputs(
     # vLLM compiles its vocab-parallel embedding (TP > 1 only) with torch.compile, which
     # cannot build kernels on these CPU builds: eager instead
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    # by default vLLM's CPU backend gives each worker a NUMA node of its own: one machine
+    # here may have a single node
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     tp = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
     llm = make_llm(model, **tp)
     try:
