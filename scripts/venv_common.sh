@@ -10,6 +10,10 @@
 
 UV_VERSION=0.13.9
 export UV_LINK_MODE=hardlink
+# The cache sits in the checkout, so it is on the environments' filesystem: a hard link cannot
+# cross filesystems, and uv would copy every file instead (twice the disk) with a home
+# directory elsewhere.
+export UV_CACHE_DIR="${UV_CACHE_DIR:-$ROOT/build/uv-cache}"
 
 # Prints the path of the project's uv (build/uv/bin/uv), installing it with pip on first use.
 uv_path() {
