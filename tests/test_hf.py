@@ -403,18 +403,7 @@ def test_sampling_first_tokens_match_plain_sampling():
     model = tiny_model("llama", vocab, seed=3)
     params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
     prompt = [3, 5, 7, 3, 5]
-    # Exact law of the first three tokens under plain sampling with the same warping.
-    with torch.inference_mode():
-
-        def law(contexts):
-            logits = model(torch.tensor(contexts)).logits[:, -1]
-            return warp_logits(logits, params).softmax(-1).double()
-
-        first = law([prompt])[0]
-        second = law([prompt + [a] for a in range(vocab)])
-        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
-    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
-    probs = probs.reshape(-1).numpy()
+    probs = first_three_tokens_law(model, prompt, vocab, params)
     # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
     # 2.2/1.8: three nodes are best.
     policy = fixed_cost_policy(n, slot_cost=0.2)
@@ -440,6 +429,79 @@ def test_sampling_first_tokens_match_plain_sampling():
     accepted_first = sum(a > 0 for a in result.accepted)
     assert 0.1 * n < accepted_first < 0.9 * n, accepted_first
     assert result.forward_passes <= 3
+
+
+def first_three_tokens_law(model, prompt, vocab, params) -> np.ndarray:
+    """The exact law of the first three tokens of plain sampling from ``prompt``."""
+    with torch.inference_mode():
+
+        def law(contexts):
+            logits = model(torch.tensor(contexts)).logits[:, -1]
+            return warp_logits(logits, params).softmax(-1).double()
+
+        first = law([prompt])[0]
+        second = law([prompt + [a] for a in range(vocab)])
+        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
+    return probs.reshape(-1).numpy()
+
+
+def test_sampled_chains_follow_the_law_of_plain_sampling():
+    """Chains drawn from the tree's distributions and verified with them: the first three
+    tokens follow the exact law of plain sampling, and the drafts are accepted more often than
+    the tree's best chain (the drafter's likeliest guesses are the model's second and third
+    choices, so a one-hot chain is often wrong where a draw from q often is not rejected)."""
+    vocab, n = 8, 20_000
+    model = tiny_model("llama", vocab, seed=3)
+    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
+    prompt = [3, 5, 7, 3, 5]
+    probs = first_three_tokens_law(model, prompt, vocab, params)
+    accepted = {}
+    for mode in ("sampled-chain", "best-chain"):
+        result = speculative_generate(
+            model,
+            [prompt] * n,
+            ModelTreeDrafter(model, scores=(0.4, 0.3, 0.3, 0.1, 0.2, 0.1)),
+            max_new_tokens=4,
+            budget=6,
+            sampling=params,
+            eos_token_id=[],
+            generator=torch.Generator().manual_seed(4),
+            sizing=False,
+            draft_mode=mode,
+            chain_length=2,
+        )
+        codes = np.array([(t[0] * vocab + t[1]) * vocab + t[2] for t in result.tokens])
+        assert_same_law(np.bincount(codes, minlength=vocab**3), probs)
+        assert result.draft_nodes >= 2 * n  # every first step verified a chain of two
+        accepted[mode] = sum(result.accepted) / sum(result.steps)
+    assert accepted["sampled-chain"] > 1.1 * accepted["best-chain"] > 0, accepted
+
+
+def test_chain_modes_refuse_what_they_cannot_do():
+    model = tiny_model("llama", 16)
+    drafter = PromptLookupDrafter()
+    hot = SamplingParams(temperature=1.0)
+    for kwargs, field in [
+        ({"draft_mode": "chains"}, "draft_mode"),
+        ({"draft_mode": "best-chain"}, "sizing"),  # sizing is on by default
+        ({"draft_mode": "sampled-chain", "sizing": False}, "draft_mode"),  # greedy
+        ({"draft_mode": "best-chain", "sizing": False, "chain_length": -1}, "chain_length"),
+    ]:
+        with pytest.raises(InvalidArgumentError) as err:
+            speculative_generate(model, [[1, 2]], drafter, **kwargs)
+        assert err.value.field == field, kwargs
+    out = speculative_generate(
+        model,
+        [[1, 2, 1, 2]],
+        drafter,
+        max_new_tokens=32,
+        sampling=hot,
+        eos_token_id=[],
+        sizing=False,
+        draft_mode="sampled-chain",
+    )
+    assert len(out.tokens[0]) == 32
 
 
 def test_smollm2_greedy_equals_generate():

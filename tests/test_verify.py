@@ -21,6 +21,7 @@ from lookahead_client.types import DraftTree
 from lookahead_client.verify import (
     SamplingParams,
     verify,
+    verify_chain_sampling,
     verify_greedy,
     verify_sampling,
     verify_tree,
@@ -267,3 +268,74 @@ def test_sampling_is_lossless_for_the_first_tokens():
     # rejected paths both shaped the counts.
     assert probs.sum() == pytest.approx(1.0)
     assert accepted_per_step > 0.5, accepted_per_step
+
+
+# --- Chains drawn from a draft distribution ---------------------------------------------------
+
+
+def chain_batch(tokens: list[list[int]]):
+    """The tree tensors of one chain per row (every row as long: padding is tested apart)."""
+    trees = [DraftTree(0, tuple(t), tuple(range(-1, len(t) - 1)), (1.0,) * len(t)) for t in tokens]
+    d = 1 + max(len(t) for t in tokens)
+    flat, mask = pack_trees(trees, d)
+    return tree_tensors(flat, mask, [0] * len(trees), d)
+
+
+def test_chain_sampling_is_lossless_and_accepts_one_minus_tv():
+    """One drafted position, x ~ q, against a target p: the emitted first token follows p
+    exactly, and drafts are accepted with probability sum(min(p, q)) = 1 - TV(p, q)."""
+    n, vocab = 60_000, 5
+    g = torch.Generator().manual_seed(11)
+    params = SamplingParams(temperature=1.0)
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
+    q = torch.tensor([0.1, 0.5, 0.0, 0.2, 0.2])  # drafts a token p never emits, too
+    drafts = torch.multinomial(q.expand(n, vocab), 1, replacement=True, generator=g)
+    t = chain_batch(drafts.tolist())
+    logits = p.log().expand(n, 2, vocab).clone()
+    draft_probs = torch.zeros(n, 2, vocab)
+    draft_probs[:, 1] = q
+    r = verify_chain_sampling(t, logits, params, draft_probs, generator=g)
+    first = r.accept_tokens[:, 0].numpy()
+    assert_same_law(np.bincount(first, minlength=vocab), p.double().numpy())
+    accept_rate = r.accept_length.float().mean().item()
+    expected = float(torch.minimum(p, q).sum())
+    assert abs(accept_rate - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
+    # an accepted draft is the emitted token; the bonus follows it
+    took = r.accept_length == 1
+    assert torch.equal(r.accept_tokens[took, 0], drafts[took, 0])
+    assert torch.equal(r.accept_tokens[took, 1], r.bonus[took])
+    assert r.accept_index[took].tolist()[0] == [0, 1]
+
+
+def test_chain_sampling_rejects_undrafted_slots_and_stops_there():
+    """Slots whose draft distribution is all zeros (a chain shorter than the batch's width)
+    are rejected, whatever their token: the token there is drawn from p."""
+    vocab = 4
+    t = chain_batch([[1, 2, 3], [1, 2, 3]])
+    logits = torch.full((2, 4, vocab), -30.0)
+    logits[:, 0, 1] = logits[:, 1, 2] = logits[:, 2, 3] = 30.0  # p agrees with every draft
+    draft_probs = torch.zeros(2, 4, vocab)
+    draft_probs[0, 1:, :] = torch.eye(vocab)[[1, 2, 3]]  # row 0: the whole chain drafted
+    draft_probs[1, 1, 1] = 1.0  # row 1: only its first slot
+    r = verify_chain_sampling(t, logits, SamplingParams(1.0), draft_probs)
+    assert r.accept_length.tolist() == [3, 1]
+    assert r.tokens()[1] == [1, 2]  # the second token drawn from p at slot 1
+
+
+def test_chain_sampling_refuses_greedy_shapes_and_trees():
+    t = chain_batch([[1, 2]])
+    logits, probs = torch.zeros(3, 4), torch.zeros(1, 3, 4)
+    for args, field in [
+        ((SamplingParams(0.0), probs), "params"),
+        ((SamplingParams(1.0), torch.zeros(1, 2, 4)), "draft_probs"),
+    ]:
+        with pytest.raises(InvalidArgumentError) as err:
+            verify_chain_sampling(t, logits, *args)
+        assert err.value.field == field
+    # two children of the root are a tree, not a chain
+    flat, mask = pack_trees([DraftTree(0, (1, 2), (-1, -1), (1.0, 1.0))], 3)
+    branched = tree_tensors(flat, mask, [0], 3)
+    probs[0, 1:, :] = 0.25
+    with pytest.raises(InvalidArgumentError) as err:
+        verify_chain_sampling(branched, logits, SamplingParams(1.0), probs)
+    assert err.value.field == "draft_probs"

@@ -21,6 +21,12 @@ sampling temperature. Other drafters (any :class:`~lookahead_client.types.Drafte
 a :class:`~lookahead_client.sizing.SizingPolicy` instead. What is learnt (step times, the
 policy's calibration) is kept for later calls with the same model and drafter.
 
+With ``draft_mode`` the loop verifies one chain per request instead, cut from the drafter's
+tree (:mod:`lookahead_client.chains`), as a chain-verifying engine (vLLM) does:
+``"best-chain"``, its most likely path; ``"sampled-chain"`` (temperature > 0), a path drawn
+from the tree's own next-token distributions and verified with them
+(:func:`~lookahead_client.verify.verify_chain_sampling`).
+
 Requests of a batch advance by different amounts, so the KV cache is a common array of slots
 with a per-request validity mask: a request's slots that another request needed hold garbage
 and are masked out forever (there are none with a batch of one). Written against
@@ -33,24 +39,29 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import random
 import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .chains import best_chain, draft_probs_tensor, sample_chain
 from .cost import CostModel
 from .engine.step_cost import StepCostFeed
 from .errors import InvalidArgumentError
 from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .tree import TreeTensors, build_tree_tensors
 from .types import Drafter, DraftShape, StepRequest
-from .verify import SamplingParams, VerifyResult, sample_tokens, verify
+from .verify import SamplingParams, VerifyResult, sample_tokens, verify, verify_chain_sampling
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GenerationResult", "default_policy", "speculative_generate"]
+__all__ = ["DRAFT_MODES", "GenerationResult", "default_policy", "speculative_generate"]
+
+#: What each step verifies: the drafter's trees, or one chain per request cut from them.
+DRAFT_MODES = ("tree", "best-chain", "sampled-chain")
 
 _request_counter = itertools.count()
 
@@ -333,6 +344,33 @@ def _plan(
     )
 
 
+def _check_draft_mode(
+    draft_mode: str, chain_length: int, sizing: object, params: SamplingParams
+) -> None:
+    if draft_mode not in DRAFT_MODES:
+        raise InvalidArgumentError(
+            f"unknown draft_mode {draft_mode!r}: one of {', '.join(DRAFT_MODES)}",
+            field="draft_mode",
+        )
+    if draft_mode == "tree":
+        return
+    if chain_length < 0:
+        raise InvalidArgumentError(
+            f"chain_length must be >= 0, got {chain_length}", field="chain_length"
+        )
+    if sizing is not False:
+        raise InvalidArgumentError(
+            f"draft_mode {draft_mode!r} verifies whole chains: pass sizing=False",
+            field="sizing",
+        )
+    if draft_mode == "sampled-chain" and params.greedy:
+        raise InvalidArgumentError(
+            "draft_mode 'sampled-chain' draws its drafts at random: it needs sampling with "
+            "temperature > 0",
+            field="draft_mode",
+        )
+
+
 def speculative_generate(
     model,
     prompts: Sequence[Sequence[int]],
@@ -345,6 +383,8 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     request_ids: Sequence[str] | None = None,
     sizing: SizingPolicy | StepCostFeed | bool = True,
+    draft_mode: str = "tree",
+    chain_length: int = 8,
 ) -> GenerationResult:
     """Generates from ``prompts`` with draft trees verified in one forward pass per step.
 
@@ -370,10 +410,16 @@ def speculative_generate(
             :class:`StepCostFeed` (padded) for lookahead's drafters to size against that one
             (it goes on learning from the steps); False to verify whole trees (up to
             ``budget`` nodes) every step.
+        draft_mode: ``"tree"`` verifies the drafter's trees; ``"best-chain"`` and
+            ``"sampled-chain"`` (temperature > 0) one chain of at most ``chain_length`` tokens
+            per request, cut from a tree of ``budget`` nodes (module docstring). Chains are
+            verified whole: they need ``sizing=False``.
+        chain_length: the most draft tokens of a chain.
 
     Raises:
         InvalidArgumentError: an empty prompt, a negative budget or token count, ids of the
-            wrong length, or a model whose cache cannot be pruned.
+            wrong length, a model whose cache cannot be pruned, an unknown ``draft_mode``, or
+            a chain mode with sizing (or ``"sampled-chain"`` without sampling).
     """
     import torch
 
@@ -391,6 +437,8 @@ def speculative_generate(
         raise InvalidArgumentError(
             f"max_new_tokens must be >= 0, got {max_new_tokens}", field="max_new_tokens"
         )
+    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
+    _check_draft_mode(draft_mode, chain_length, sizing, params)
     if request_ids is None:
         request_ids = [f"hf-{next(_request_counter)}" for _ in prompts]
     elif len(request_ids) != len(prompts):
@@ -419,10 +467,11 @@ def speculative_generate(
     policy = (
         None if native else default_policy(model, drafter) if sizing is True else sizing or None
     )
-    params = sampling if sampling is not None else SamplingParams(temperature=0.0)
     # what the step requests ask the drafter for (the core's sizing, at the temperature)
     shape = DraftShape.SIZED_TREE if native else DraftShape.TREE
     asked = {"shape": shape, "temperature": float(params.temperature)}
+    # the chains' draws: reproducible with a seeded generator
+    chain_rng = random.Random(generator.initial_seed() if generator is not None else None)
     with torch.inference_mode():
         batch, first_logits = _prefill(model, prompts)
         first = sample_tokens(first_logits, params, generator)
@@ -447,6 +496,12 @@ def speculative_generate(
             cost = feed.curve() if feed is not None else None
             drafted = drafter.step(pending) if cost is None else drafter.step(pending, cost)
             trees = [t for t, req in zip(drafted, pending, strict=True) if not req.finished]
+            sampled = None
+            if draft_mode == "best-chain":
+                trees = [best_chain(t, chain_length) for t in trees]
+            elif draft_mode == "sampled-chain":
+                sampled = [sample_chain(t, chain_length, chain_rng) for t in trees]
+                trees = [c.chain for c in sampled]
             plan = None
             if policy is not None:
                 keys = [request_ids[r] for r in batch.rows]
@@ -462,7 +517,11 @@ def speculative_generate(
             rows_now, width = len(batch.rows), int(batch.valid.shape[1])
             logits = _forward_tree(model, batch, tree)
             result.forward_passes += 1
-            verdict = verify(tree, logits, sampling, generator)
+            if sampled is None:
+                verdict = verify(tree, logits, sampling, generator)
+            else:
+                q = draft_probs_tensor(sampled, d, logits.shape[-1], logits.device)
+                verdict = verify_chain_sampling(tree, logits, params, q, generator)
             batch.keep_accepted(verdict)
             lengths = verdict.accept_length.tolist()  # waits for the device
             if feed is not None:  # the step's time: forward pass and verification

@@ -20,6 +20,14 @@ the bonus token.
   sequence is distributed exactly as plain token-by-token sampling.
 
 No Python loop runs over nodes or requests: the walk is a few ``[bs, d, d]`` tensor ops.
+
+Chains drawn from a draft distribution ``q`` (:func:`lookahead_client.chains.sample_chain`)
+are verified by :func:`verify_chain_sampling`, the speculative sampling rule for a draft that
+is not deterministic: the token ``x`` at a position is accepted with probability
+``min(1, p(x) / q(x))``; at the first rejected position the emitted token is drawn from the
+residual ``norm(max(p - q, 0))``, and after a fully accepted chain from ``p``. A position
+without a draft has ``q = 0``, so it is rejected and its token drawn from ``p``: plain
+sampling.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ __all__ = [
     "verify_tree",
     "verify_greedy",
     "verify_sampling",
+    "verify_chain_sampling",
     "verify",
 ]
 
@@ -223,6 +232,79 @@ def verify_sampling(
         generator: the random generator (on ``logits``'s device) for reproducible runs.
     """
     return verify_tree(tree, sample_tokens(_slot_logits(tree, logits), params, generator))
+
+
+def verify_chain_sampling(
+    tree: TreeTensors,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    draft_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """Lossless sampling verification of chains drawn from draft distributions.
+
+    Args:
+        tree: the batch's tree tensors; every slot ``i >= 1`` that carries a draft (a non-zero
+            row of ``draft_probs``) hangs under slot ``i - 1``, and the drafted slots of a
+            request are its first ones (slots after the first undrafted one are ignored).
+        logits: ``[bs, d, V]`` or ``[bs * d, V]`` target logits, one row per slot.
+        params: temperature (> 0), top-k and top-p, applied as plain decoding applies them.
+        draft_probs: float ``[bs, d, V]``: row ``i`` is the distribution slot ``i``'s token
+            was drawn from (row 0, the root, and undrafted slots are all zeros).
+        generator: the random generator (on ``logits``'s device) for reproducible runs.
+
+    Raises:
+        InvalidArgumentError: greedy ``params``, ``draft_probs`` of the wrong shape, or a
+            drafted slot that does not continue the chain.
+    """
+    import torch
+
+    if params.greedy:
+        raise InvalidArgumentError(
+            "verify_chain_sampling needs temperature > 0 (verify_greedy checks greedy drafts)",
+            field="params",
+        )
+    slot_logits = _slot_logits(tree, logits)
+    bs, d, vocab = slot_logits.shape
+    if tuple(draft_probs.shape) != (bs, d, vocab):
+        raise InvalidArgumentError(
+            f"draft_probs must be [{bs}, {d}, {vocab}], got {list(draft_probs.shape)}",
+            field="draft_probs",
+        )
+    q = draft_probs.to(device=slot_logits.device, dtype=torch.float32)
+    idx = torch.arange(d, device=q.device)
+    drafted = q.sum(-1) > 0
+    drafted[:, 0] = False
+    if bool((drafted & (tree.parents != idx - 1)).any()):
+        raise InvalidArgumentError(
+            "a drafted slot of draft_probs does not hang under the slot before it: "
+            "verify_chain_sampling verifies chains",
+            field="draft_probs",
+        )
+    p = warp_logits(slot_logits, params).softmax(-1)
+    tokens = tree.draft_tokens.view(bs, d)
+    # Slot i's logits give the distribution of slot i + 1's token.
+    p_token = p[:, :-1].gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    q_token = q[:, 1:].gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    u = torch.rand((bs, d - 1), generator=generator, device=q.device)
+    # min(1, p/q) > u, written without a division; q = 0 (no draft) is always rejected
+    ok = drafted[:, 1:] & (u * q_token < p_token)
+    accept_length = ok.to(torch.int64).cumprod(-1).sum(-1)
+    rows = torch.arange(bs, device=q.device)
+    # The emitted token after the accepted path: the residual of the first rejected draft,
+    # which is p itself where no draft follows.
+    q_next = torch.cat([q[:, 1:], q.new_zeros((bs, 1, vocab))], dim=1)[rows, accept_length]
+    p_here = p[rows, accept_length]
+    residual = (p_here - q_next).clamp(min=0)
+    # p <= q everywhere makes a rejection impossible; float rounding can still get here
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_here)
+    bonus = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    on_path = idx[None, :] <= accept_length[:, None]
+    accept_index = torch.where(on_path, idx, -1)
+    emitted = torch.cat([tokens[:, 1:], tokens.new_zeros((bs, 1))], dim=1)
+    emitted = emitted.scatter(1, accept_length[:, None], bonus[:, None])
+    accept_tokens = torch.where(on_path, emitted, -1)
+    return VerifyResult(accept_index, accept_length, accept_tokens, bonus)
 
 
 def verify(
