@@ -534,3 +534,38 @@ def test_smollm2_greedy_equals_generate():
     result = speculative_generate(model, prompts, drafter, max_new_tokens=32, eos_token_id=eos)
     assert result.tokens == expected
     assert result.forward_passes < max(len(e) for e in expected)
+
+
+def test_sampling_bench_reports_each_mode_per_half(tmp_path, capsys):
+    """``python -m lookahead_client.hf_sampling_bench`` on three prompts of the packaged demo
+    workload (two groups: one per half) with SmolLM2 at temperature 1: a row per prompt, totals
+    per half and overall, ratios to the first mode; bad arguments name their field."""
+    import json
+
+    from lookahead_client import hf_sampling_bench
+    from lookahead_client.bench.workload import DEMO_WORKLOAD
+
+    out = tmp_path / "bench.json"
+    argv = f"--workload {DEMO_WORKLOAD} --limit 3 --max-new-tokens 8 --threads 1".split()
+    assert hf_sampling_bench.main(argv + ["--variants", "best-chain:8,sampled-chain:8"]) == 0
+    assert hf_sampling_bench.main(argv + ["--out", str(out), "--variants", "sampled-chain:8"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    rows = [x for x in lines if "runs" in x]
+    assert [r["done"] for r in rows] == ["1/3", "2/3", "3/3"] * 2
+    assert {r["half"] for r in rows} == {"A", "B"}
+    totals = {x["totals"]: x for x in [x for x in lines if "totals" in x][:3]}  # first run
+    first = totals["all"]["best-chain:8"]
+    assert first["prompts"] == 3
+    assert first["vs_first"] == (1.0 if first["accepted_per_step"] else None)  # no ratio to 0
+    assert totals["A"]["best-chain:8"]["prompts"] == 2
+    assert 0 < first["tokens"] <= 24 and first["steps"] <= first["tokens"]
+    saved = json.loads(out.read_text())
+    assert set(saved["totals"]) == {"A", "B", "all"}
+    assert saved["info"]["temperature"] == 1.0
+    for bad, field in [
+        (["--variants", "fixed:8"], "variants"),
+        (["--temperature", "0"], "temperature"),
+    ]:
+        with pytest.raises(InvalidArgumentError) as err:
+            hf_sampling_bench.main(argv + bad)
+        assert err.value.field == field
