@@ -393,20 +393,28 @@ def fixed_cost_policy(batch: int, slot_cost: float, max_slots: int = 16) -> Sizi
     return SizingPolicy(CostModel.from_measurements(rows), learn_cost=False, explore=False)
 
 
-def test_sampling_first_tokens_match_plain_sampling():
-    """Lossless sampling with the sizing policy on: the first token comes from the prefill,
-    the next ones from trees cut to 3 of their 6 nodes (both children of the root and the
-    best grandchild), and the first three tokens follow the exact law of plain sampling.
-    (Four new tokens: the first tree step may still emit three, so a grandchild can add one;
-    with fewer, the policy would rightly drop every grandchild.)"""
-    vocab, n = 8, 20_000
+LAW_RUNS = 20_000
+
+
+def sample_three_tokens_like_plain_sampling(**kwargs):
+    """Runs ``LAW_RUNS`` copies of one prompt for four new tokens on a tiny Llama (vocabulary 8,
+    temperature 0.9, top-k 6, top-p 0.95), drafted by :class:`ModelTreeDrafter` with scores
+    (0.4, 0.3, 0.3, 0.1, 0.2, 0.1) and ``kwargs`` passed on to ``speculative_generate``, and
+    asserts that the first three tokens follow the exact law of plain sampling."""
+    vocab, n = 8, LAW_RUNS
     model = tiny_model("llama", vocab, seed=3)
     params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
     prompt = [3, 5, 7, 3, 5]
-    probs = first_three_tokens_law(model, prompt, vocab, params)
-    # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
-    # 2.2/1.8: three nodes are best.
-    policy = fixed_cost_policy(n, slot_cost=0.2)
+    with torch.inference_mode():
+
+        def law(contexts):
+            logits = model(torch.tensor(contexts)).logits[:, -1]
+            return warp_logits(logits, params).softmax(-1).double()
+
+        first = law([prompt])[0]
+        second = law([prompt + [a] for a in range(vocab)])
+        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
     result = speculative_generate(
         model,
         [prompt] * n,
@@ -416,10 +424,24 @@ def test_sampling_first_tokens_match_plain_sampling():
         sampling=params,
         eos_token_id=[],
         generator=torch.Generator().manual_seed(4),
-        sizing=policy,
+        **kwargs,
     )
     codes = np.array([(t[0] * vocab + t[1]) * vocab + t[2] for t in result.tokens])
-    assert_same_law(np.bincount(codes, minlength=vocab**3), probs)
+    assert_same_law(np.bincount(codes, minlength=vocab**3), probs.reshape(-1).numpy())
+    return result
+
+
+def test_sampling_first_tokens_match_plain_sampling():
+    """Lossless sampling with the sizing policy on: the first token comes from the prefill,
+    the next ones from trees cut to 3 of their 6 nodes (both children of the root and the
+    best grandchild), and the first three tokens follow the exact law of plain sampling.
+    (Four new tokens: the first tree step may still emit three, so a grandchild can add one;
+    with fewer, the policy would rightly drop every grandchild.)"""
+    n = LAW_RUNS
+    # Expected tokens over seconds for 0, 1, 2, 3, 4 nodes: 1/1, 1.4/1.2, 1.7/1.4, 2.0/1.6,
+    # 2.2/1.8: three nodes are best.
+    policy = fixed_cost_policy(n, slot_cost=0.2)
+    result = sample_three_tokens_like_plain_sampling(sizing=policy)
     # The first tree step verified the cut trees: 3 nodes each, 4 slots.
     assert policy.stats()["widths"].get(4, 0) >= 1
     assert result.draft_nodes >= 3 * n
@@ -431,49 +453,17 @@ def test_sampling_first_tokens_match_plain_sampling():
     assert result.forward_passes <= 3
 
 
-def first_three_tokens_law(model, prompt, vocab, params) -> np.ndarray:
-    """The exact law of the first three tokens of plain sampling from ``prompt``."""
-    with torch.inference_mode():
-
-        def law(contexts):
-            logits = model(torch.tensor(contexts)).logits[:, -1]
-            return warp_logits(logits, params).softmax(-1).double()
-
-        first = law([prompt])[0]
-        second = law([prompt + [a] for a in range(vocab)])
-        third = law([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
-    probs = first[:, None, None] * second[:, :, None] * third.view(vocab, vocab, vocab)
-    return probs.reshape(-1).numpy()
-
-
 def test_sampled_chains_follow_the_law_of_plain_sampling():
     """Chains drawn from the tree's distributions and verified with them: the first three
     tokens follow the exact law of plain sampling, and the drafts are accepted more often than
     the tree's best chain (the drafter's likeliest guesses are the model's second and third
     choices, so a one-hot chain is often wrong where a draw from q often is not rejected)."""
-    vocab, n = 8, 20_000
-    model = tiny_model("llama", vocab, seed=3)
-    params = SamplingParams(temperature=0.9, top_k=6, top_p=0.95)
-    prompt = [3, 5, 7, 3, 5]
-    probs = first_three_tokens_law(model, prompt, vocab, params)
     accepted = {}
     for mode in ("sampled-chain", "best-chain"):
-        result = speculative_generate(
-            model,
-            [prompt] * n,
-            ModelTreeDrafter(model, scores=(0.4, 0.3, 0.3, 0.1, 0.2, 0.1)),
-            max_new_tokens=4,
-            budget=6,
-            sampling=params,
-            eos_token_id=[],
-            generator=torch.Generator().manual_seed(4),
-            sizing=False,
-            draft_mode=mode,
-            chain_length=2,
+        result = sample_three_tokens_like_plain_sampling(
+            sizing=False, draft_mode=mode, chain_length=2
         )
-        codes = np.array([(t[0] * vocab + t[1]) * vocab + t[2] for t in result.tokens])
-        assert_same_law(np.bincount(codes, minlength=vocab**3), probs)
-        assert result.draft_nodes >= 2 * n  # every first step verified a chain of two
+        assert result.draft_nodes >= 2 * LAW_RUNS  # every first step verified a chain of two
         accepted[mode] = sum(result.accepted) / sum(result.steps)
     assert accepted["sampled-chain"] > 1.1 * accepted["best-chain"] > 0, accepted
 

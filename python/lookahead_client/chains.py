@@ -123,21 +123,27 @@ def draft_probs_tensor(
     """
     import torch
 
-    out = torch.zeros((len(chains), num_slots, vocab_size), dtype=torch.float32)
+    rows: list[int] = []
+    slots: list[int] = []
+    tokens: list[int] = []
+    probs: list[float] = []
     for b, sampled in enumerate(chains):
         if len(sampled.support) >= num_slots:
             raise InvalidArgumentError(
                 f"chain {b} has {len(sampled.support)} nodes for {num_slots} slots",
                 field="num_slots",
             )
-        for i, (tokens, probs) in enumerate(zip(sampled.support, sampled.probs, strict=True)):
-            if any(not 0 <= t < vocab_size for t in tokens):
-                raise InvalidArgumentError(
-                    f"chain {b} drafts a token outside the vocabulary of {vocab_size}",
-                    field="vocab_size",
-                )
-            # equal sibling tokens (possible in merged trees) add up
-            out[b, i + 1].index_add_(
-                0, torch.tensor(tokens), torch.tensor(probs, dtype=torch.float32)
-            )
-    return out.to(device) if device is not None else out
+        for i, (support, shares) in enumerate(zip(sampled.support, sampled.probs, strict=True)):
+            rows += [b] * len(support)
+            slots += [i + 1] * len(support)
+            tokens += support
+            probs += shares
+    if any(not 0 <= t < vocab_size for t in tokens):
+        raise InvalidArgumentError(
+            f"a chain drafts a token outside the vocabulary of {vocab_size}", field="vocab_size"
+        )
+    out = torch.zeros((len(chains), num_slots, vocab_size), dtype=torch.float32, device=device)
+    index = torch.tensor([rows, slots, tokens], dtype=torch.int64, device=device)
+    # equal sibling tokens (possible in merged trees) add up
+    values = torch.tensor(probs, dtype=torch.float32, device=device)
+    return out.index_put_(tuple(index), values, accumulate=True)

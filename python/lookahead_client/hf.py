@@ -471,7 +471,11 @@ def speculative_generate(
     shape = DraftShape.SIZED_TREE if native else DraftShape.TREE
     asked = {"shape": shape, "temperature": float(params.temperature)}
     # the chains' draws: reproducible with a seeded generator
-    chain_rng = random.Random(generator.initial_seed() if generator is not None else None)
+    chain_rng = (
+        random.Random(generator.initial_seed() if generator is not None else None)
+        if draft_mode == "sampled-chain"
+        else None
+    )
     with torch.inference_mode():
         batch, first_logits = _prefill(model, prompts)
         first = sample_tokens(first_logits, params, generator)
