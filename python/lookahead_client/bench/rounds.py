@@ -1,0 +1,269 @@
+"""Rounds: the method of the engine benchmarks (``lookahead-bench vllm``, ``sglang``).
+
+On a shared 2-core machine one engine run's speed moves by more than the differences the
+benchmarks exist to decide (the same deterministic configuration measured 1.61x and 1.23x
+plain in two runs). So an engine benchmark is run in *rounds*:
+
+* a *trial* is one configuration run once over every workload, in a fresh process;
+* every round runs a trial of every configuration, the baseline (``plain``) included, in an
+  order rotated by one each round, so that no configuration always runs first or last;
+* a configuration's speed-up is taken against the baseline **of the same round** (what the
+  machine's load did to that round, it did to both), and reported as the median and the
+  range (min-max) over rounds;
+* two configurations are compared round by round, as the ratio of their speeds in each
+  round: one is *ahead* only when it is ahead in every round; a difference smaller than the
+  spread of the rounds is a *tie*.
+
+Each trial's wall and CPU seconds and the machine's load before it are kept with it.
+:func:`run_rounds` says up front what a run costs, and shows a progress bar with an ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lookahead_client.errors import InvalidArgumentError
+
+__all__ = [
+    "BASELINE",
+    "Spread",
+    "Trial",
+    "TrialCost",
+    "TrialError",
+    "compare",
+    "rotated",
+    "run_child",
+    "run_rounds",
+    "schedule",
+    "speedups",
+]
+
+#: The configuration every other is measured against, run in every round.
+BASELINE = "plain"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One configuration's run in one round (``position``: its place in the round)."""
+
+    round: int
+    position: int
+    config: str
+
+
+def rotated(configs: Sequence[str], round_index: int) -> list[str]:
+    """``configs`` in the order of round ``round_index``: rotated left by one each round."""
+    if not configs:
+        return []
+    shift = round_index % len(configs)
+    return list(configs[shift:]) + list(configs[:shift])
+
+
+def schedule(configs: Sequence[str], rounds: int, baseline: str = BASELINE) -> list[Trial]:
+    """Every trial of a run, in the order they run: ``rounds`` rounds of every configuration
+    (the baseline added first when missing), rotated by one each round.
+
+    Raises:
+        InvalidArgumentError: ``rounds`` below 1, or a configuration named twice.
+    """
+    if rounds < 1:
+        raise InvalidArgumentError(f"rounds must be at least 1, got {rounds}", field="rounds")
+    if len(set(configs)) != len(configs):
+        raise InvalidArgumentError(f"a configuration is named twice: {configs}", field="configs")
+    names = list(configs) if baseline in configs else [baseline, *configs]
+    return [Trial(r, i, name) for r in range(rounds) for i, name in enumerate(rotated(names, r))]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over rounds: the median and the range."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        """The spread of ``values`` (one per round).
+
+        Raises:
+            ValueError: no values, or one that is not finite.
+        """
+        data = [float(v) for v in values]
+        if not data or not all(math.isfinite(v) for v in data):
+            raise ValueError(f"a spread needs finite values, got {data}")
+        return cls(statistics.median(data), min(data), max(data), len(data))
+
+    def as_dict(self, digits: int = 3) -> dict[str, float | int]:
+        """``{"median", "min", "max", "rounds"}``, rounded, for JSON."""
+        return {
+            "median": round(self.median, digits),
+            "min": round(self.low, digits),
+            "max": round(self.high, digits),
+            "rounds": self.rounds,
+        }
+
+    def __str__(self) -> str:
+        if self.rounds == 1:
+            return f"{self.median:.3f}"
+        return f"{self.median:.3f} [{self.low:.3f}-{self.high:.3f}]"
+
+
+def speedups(seconds: Sequence[Mapping[str, float]], baseline: str = BASELINE) -> dict[str, Spread]:
+    """Each configuration's speed-up over the baseline of the same round.
+
+    Args:
+        seconds: per round, each configuration's seconds for the same work (the baseline's
+            included).
+
+    Raises:
+        ValueError: a round without the baseline, or a time that is not positive.
+    """
+    per_config: dict[str, list[float]] = {}
+    for r, row in enumerate(seconds):
+        if baseline not in row:
+            raise ValueError(f"round {r} has no {baseline!r} trial")
+        if any(not s > 0 for s in row.values()):
+            raise ValueError(f"round {r} has a time that is not positive: {dict(row)}")
+        for name, s in row.items():
+            per_config.setdefault(name, []).append(row[baseline] / s)
+    return {name: Spread.of(values) for name, values in per_config.items()}
+
+
+def compare(seconds_a: Sequence[float], seconds_b: Sequence[float]) -> tuple[str, Spread]:
+    """How configuration A's speed compares with B's, paired round by round.
+
+    Args:
+        seconds_a: A's seconds in each round.
+        seconds_b: B's seconds for the same work in the same rounds.
+
+    Returns:
+        ``("ahead" | "behind" | "tie", spread of A's speed over B's)``: ahead (behind) only
+        when A was faster (slower) in every round; otherwise the rounds disagree and the
+        difference is within their spread.
+
+    Raises:
+        ValueError: the two have different numbers of rounds, or none.
+    """
+    if len(seconds_a) != len(seconds_b) or not seconds_a:
+        raise ValueError(f"rounds differ: {len(seconds_a)} against {len(seconds_b)}")
+    ratio = Spread.of(b / a for a, b in zip(seconds_a, seconds_b, strict=True))
+    if ratio.low > 1.0:
+        return "ahead", ratio
+    if ratio.high < 1.0:
+        return "behind", ratio
+    return "tie", ratio
+
+
+@dataclass(frozen=True)
+class TrialCost:
+    """What one trial cost the machine.
+
+    ``cpu_s`` counts the trial's child processes once they have ended (an engine's own
+    worker processes included when the engine waited for them); ``load`` is the machine's
+    1-minute load average as the trial started (the benchmark's own earlier trials count in
+    it for up to a minute).
+    """
+
+    wall_s: float
+    cpu_s: float
+    load: float
+
+    def as_dict(self) -> dict[str, float]:
+        """For JSON."""
+        return {"wall_s": round(self.wall_s, 1), "cpu_s": round(self.cpu_s, 1), "load": self.load}
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_rounds(
+    trials: Sequence[Trial],
+    run_trial: Callable[[Trial], T],
+    *,
+    estimate_s: Callable[[Trial], float],
+    what: str,
+    stream: Any = None,
+) -> list[tuple[Trial, T, TrialCost]]:
+    """Runs ``trials`` in order; says first what the run will cost, then shows progress.
+
+    Args:
+        trials: from :func:`schedule`.
+        run_trial: runs one trial (a fresh process of the configuration) and returns its
+            result; its children must have ended when it returns (their CPU time is counted).
+        estimate_s: a rough guess of one trial's seconds, for the cost said up front.
+        what: a few words on what one trial does, for that line.
+        stream: where the lines and the bar go (default stderr).
+
+    Returns:
+        Each trial with its result and its cost, in the order run.
+    """
+    from tqdm import tqdm
+
+    stream = stream or sys.stderr
+    guess = sum(estimate_s(t) for t in trials)
+    rounds = len({t.round for t in trials})
+    print(
+        f"{len(trials)} trials ({rounds} rounds x {len(trials) // max(rounds, 1)} "
+        f"configurations), each {what}: about {guess / 60:.0f} min on a 2-core machine "
+        "(a rough guess; the bar's ETA follows the trials actually run)",
+        file=stream,
+        flush=True,
+    )
+    out = []
+    bar = tqdm(total=len(trials), unit="trial", file=stream, dynamic_ncols=True)
+    try:
+        for trial in trials:
+            bar.set_description(f"round {trial.round + 1}/{rounds} {trial.config}")
+            load = round(os.getloadavg()[0], 2)
+            cpu = _children_cpu_seconds()
+            started = time.perf_counter()
+            result = run_trial(trial)
+            cost = TrialCost(time.perf_counter() - started, _children_cpu_seconds() - cpu, load)
+            out.append((trial, result, cost))
+            bar.update()
+    finally:
+        bar.close()
+    return out
+
+
+class TrialError(RuntimeError):
+    """A trial's process failed; the message ends with the tail of its log."""
+
+
+def run_child(command: Sequence[str], env: Mapping[str, str], trial: Trial) -> None:
+    """Runs one trial's process with its output in a log file, so that engines' start-up
+    noise stays off the progress bar.
+
+    Raises:
+        TrialError: the process exited with an error (naming the trial, the log's last
+            lines and where the whole log is).
+    """
+    with tempfile.NamedTemporaryFile(
+        "w+", prefix=f"lookahead-bench-r{trial.round}-", suffix=".log", delete=False
+    ) as log:
+        done = subprocess.run(list(command), env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode == 0:
+            os.unlink(log.name)
+            return
+        log.seek(0)
+        tail = "".join(log.readlines()[-30:])
+    raise TrialError(
+        f"{trial.config} failed in round {trial.round + 1} (exit status {done.returncode}); "
+        f"the last lines of its log ({log.name}):\n{tail}"
+    )

@@ -1,0 +1,210 @@
+"""The rounds method of the engine benchmarks (lookahead_client.bench.rounds) and the vLLM
+benchmark's summaries built on it, on made-up trial results (the engines themselves run in
+``lookahead-bench vllm``; a child process here is a real one)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lookahead_client.bench.rounds import (
+    Spread,
+    Trial,
+    TrialError,
+    compare,
+    rotated,
+    run_child,
+    run_rounds,
+    schedule,
+    speedups,
+)
+from lookahead_client.bench.vllm_engine import summarise, versus
+from lookahead_client.errors import InvalidArgumentError
+
+
+def test_schedule_runs_plain_and_every_config_once_per_round_in_rotated_orders():
+    trials = schedule(["a", "b", "c"], rounds=4)
+    assert len(trials) == 16
+    for r in range(4):
+        names = [t.config for t in trials if t.round == r]
+        assert sorted(names) == ["a", "b", "c", "plain"]
+        assert [t.position for t in trials if t.round == r] == [0, 1, 2, 3]
+    # Over as many rounds as configurations, each one runs once in every position.
+    for name in ("plain", "a", "b", "c"):
+        assert sorted(t.position for t in trials if t.config == name) == [0, 1, 2, 3]
+    assert rotated(["x", "y", "z"], 4) == ["y", "z", "x"]
+
+
+def test_schedule_refuses_no_rounds_and_a_config_named_twice():
+    with pytest.raises(InvalidArgumentError, match="rounds"):
+        schedule(["a"], rounds=0)
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        schedule(["a", "a"], rounds=1)
+
+
+def test_speedups_are_against_the_same_rounds_plain_so_a_slow_round_cancels_out():
+    # Round 2 ran with the machine twice as loaded: everything took twice as long.
+    seconds = [
+        {"plain": 10.0, "fast": 5.0, "slow": 20.0},
+        {"plain": 20.0, "fast": 10.0, "slow": 40.0},
+        {"plain": 11.0, "fast": 5.0, "slow": 22.0},
+    ]
+    fast = speedups(seconds)
+    assert fast["plain"] == Spread(1.0, 1.0, 1.0, 3)
+    assert fast["fast"].median == pytest.approx(2.0)
+    assert (fast["fast"].low, fast["fast"].high) == pytest.approx((2.0, 2.2))
+    assert fast["slow"] == Spread(0.5, 0.5, 0.5, 3)
+    with pytest.raises(ValueError, match="no 'plain'"):
+        speedups([{"fast": 1.0}])
+
+
+def test_compare_calls_ahead_only_when_every_round_agrees():
+    assert compare([1.0, 2.0, 1.0], [1.1, 2.4, 1.05])[0] == "ahead"
+    assert compare([1.2, 2.0, 1.0], [1.0, 1.9, 0.9])[0] == "behind"
+    verdict, ratio = compare([1.0, 2.0, 1.0], [1.1, 1.9, 1.05])  # one round disagrees
+    assert verdict == "tie"
+    assert ratio.low < 1.0 < ratio.high
+    assert str(ratio) == f"{ratio.median:.3f} [{ratio.low:.3f}-{ratio.high:.3f}]"
+    with pytest.raises(ValueError, match="rounds differ"):
+        compare([1.0], [1.0, 2.0])
+
+
+def test_spread_refuses_nothing_and_non_finite_values():
+    assert Spread.of([3.0, 1.0, 2.0]).as_dict() == {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "rounds": 3,
+    }
+    for bad in ([], [1.0, float("nan")], [float("inf")]):
+        with pytest.raises(ValueError):
+            Spread.of(bad)
+
+
+def test_run_rounds_says_the_cost_first_and_counts_each_trials_child_cpu():
+    ran = []
+
+    def run(trial: Trial) -> int:
+        ran.append(trial.config)
+        # A real child that burns some CPU: its time must show in the trial's cost.
+        subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+        return len(ran)
+
+    stream = io.StringIO()
+    trials = schedule(["x"], rounds=2)
+    done = run_rounds(trials, run, estimate_s=lambda t: 90.0, what="a test child", stream=stream)
+    assert ran == ["plain", "x", "x", "plain"]
+    assert [result for _, result, _ in done] == [1, 2, 3, 4]
+    first_line = stream.getvalue().splitlines()[0]
+    assert first_line.startswith("4 trials (2 rounds x 2 configurations), each a test child")
+    assert "about 6 min" in first_line
+    for _, _, cost in done:
+        assert cost.cpu_s > 0.05
+        assert cost.wall_s >= cost.cpu_s * 0.5
+        assert cost.load >= 0
+
+
+def _child_result(
+    seconds: float, batch_seconds: float, outputs, *, accepted=0.0, drafts=0.0, steps=100.0
+):
+    """A vLLM bench child's result for one workload: two batch-1 prompts (halves A, B) of
+    50 tokens each and a full batch of 100 tokens, in ``steps`` request-steps."""
+    counters = {
+        "vllm:spec_decode_num_accepted_tokens": accepted,
+        "vllm:spec_decode_num_drafts": drafts,
+        "vllm:spec_decode_num_draft_tokens": 4 * drafts,
+        "vllm:time_to_first_token_seconds": 2.0,  # one per request
+        "vllm:inter_token_latency_seconds": steps - 2.0,
+        "vllm:iteration_tokens_total": steps,
+    }
+    prompts = [
+        {"id": str(i), "half": half, "seconds": seconds / 2, "tokens": 50, "outputs": [out]}
+        for i, (half, out) in enumerate(zip("AB", outputs, strict=True))
+    ]
+    return {
+        "workloads": {
+            "w": {
+                "n": 1,
+                "temperature": 0.0,
+                "prompts": prompts,
+                "batch": {
+                    "seconds": batch_seconds,
+                    "tokens": 100,
+                    "outputs": [[o] for o in outputs],
+                },
+                "counters_batch1": counters,
+                "counters_batch": counters,
+            }
+        }
+    }
+
+
+def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
+    same = [[1, 2, 3], [4, 5]]
+    rounds = [
+        {
+            "plain": _child_result(10.0, 4.0, same),
+            # 60 accepted by vLLM's count, of which 10 were past the end and cut
+            "drafty": _child_result(5.0, 4.0 / 1.5, same, accepted=60, drafts=25, steps=50),
+            "wrong": _child_result(20.0, 8.0, [[1, 2, 3], [4, 6]]),
+        },
+        {  # a round on a slower machine: the ratios are the same
+            "plain": _child_result(20.0, 8.0, same),
+            "drafty": _child_result(10.0, 8.0 / 1.5, same, accepted=60, drafts=25, steps=50),
+            "wrong": _child_result(40.0, 16.0, same),
+        },
+    ]
+    table = summarise(rounds, "w", None)
+    drafty = table["drafty"]
+    assert drafty["speedup_batch1"] == 2.0 and drafty["ranges"]["speedup_batch1"] == [2.0, 2.0]
+    assert drafty["speedup_batch"] == 1.5
+    assert drafty["tok_s_batch1"] == 15.0  # 100 tokens in 5 s and in 10 s
+    # 100 tokens a round in 50 request-steps, 25 of them drafted with 4 tokens each.
+    step = drafty["per_step_batch1"]
+    assert step == {
+        "request_steps": 100,
+        "engine_steps": 100,
+        "tokens_per_step": 2.0,
+        "drafted_share": 0.5,
+        "tokens_per_drafted_step": 4.0,
+        "accepted_per_verified": 0.6,
+        "mal": 3.4,
+    }
+    assert drafty["identical_batch1"] == 2 and drafty["identical_batch"] is True
+    # Identical only when identical in every round.
+    assert table["wrong"]["identical_batch1"] == 1 and table["wrong"]["identical_batch"] is False
+    assert table["wrong"]["prompts_over_5pct_slower"] == 2
+    assert summarise(rounds, "w", "A")["drafty"]["prompts"] == 1
+
+
+def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():
+    same = [[1], [2]]
+    rounds = [
+        {
+            "plain": _child_result(10.0, 4.0, same),
+            "null": _child_result(11.0, 4.4, same),
+            "ngram:8": _child_result(6.0, 3.0, same),
+            "suffix": _child_result(5.0, 2.8, same),
+            "lookahead": _child_result(5.5 - r, 2.0, same),
+        }
+        for r in (0.0, 1.0)  # round 0: behind suffix; round 1: ahead of it
+    ]
+    verdicts = versus(rounds, "w")["lookahead"]
+    by_rival = {v["against"]: v for v in verdicts["batch1"]}
+    assert set(by_rival) == {"suffix", "null"}
+    assert by_rival["suffix"]["verdict"] == "tie"
+    assert by_rival["null"]["verdict"] == "ahead"
+    assert {v["against"]: v["verdict"] for v in verdicts["batch"]}["suffix"] == "ahead"
+
+
+def test_a_failed_trial_names_itself_and_shows_its_log():
+    trial = Trial(round=1, position=0, config="broken")
+    fail = [sys.executable, "-c", "import sys; print('engine says: no KV cache'); sys.exit(3)"]
+    with pytest.raises(TrialError, match=r"broken failed in round 2 \(exit status 3\)") as e:
+        run_child(fail, os.environ, trial)
+    assert "engine says: no KV cache" in str(e.value)
+    run_child([sys.executable, "-c", "print('fine')"], os.environ, trial)  # no error
