@@ -19,11 +19,15 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lookahead_client.errors import InvalidArgumentError
+
 from .cluster import ClusterLag
 from .load import add_load_parser, run_load
 from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
 from .replay import ADMISSION, SHARING, ReplayError, ReplayResult, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
+from .rounds import TrialError
+from .sglang_engine import add_sglang_parser, run_sglang
 from .vllm_engine import add_vllm_parser, run_vllm
 from .workload import DEMO_WORKLOAD, Workload, WorkloadError, load_workload
 
@@ -155,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     add_load_parser(sub)
     add_vllm_parser(sub)
+    add_sglang_parser(sub)
     return parser
 
 
@@ -344,6 +349,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_load(args)
     if args.command == "sizing":
         return _sizing_command(args, argv)
-    if args.command == "vllm":
-        return run_vllm(args)
+    if args.command in ("vllm", "sglang"):
+        try:
+            return (run_vllm if args.command == "vllm" else run_sglang)(args)
+        except InvalidArgumentError as exc:
+            print(f"lookahead-bench {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        except TrialError as exc:
+            print(f"lookahead-bench {args.command}: {exc}", file=sys.stderr)
+            return 1
     raise AssertionError(args.command)  # argparse only accepts the commands above

@@ -279,7 +279,7 @@ def print_tables(
     for w, rows in table.items():
         rounds = next(iter(rows.values()))["rounds"]
         print(
-            f"\n{w} ({describe(w)}; {rounds} rounds: median [min-max] of each round's ratio "
+            f"\n{w} ({describe(w)}; {rounds} round(s): median [min-max] of each round's ratio "
             "to its plain)"
         )
         for p, title in (("batch1", "batch 1"), ("batch", "full batch")):

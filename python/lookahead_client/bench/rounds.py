@@ -219,7 +219,7 @@ def run_rounds(
     guess = sum(estimate_s(t) for t in trials)
     rounds = len({t.round for t in trials})
     print(
-        f"{len(trials)} trials ({rounds} rounds x {len(trials) // max(rounds, 1)} "
+        f"{len(trials)} trials ({rounds} round(s) x {len(trials) // max(rounds, 1)} "
         f"configurations), each {what}: about {guess / 60:.0f} min on a 2-core machine "
         "(a rough guess; the bar's ETA follows the trials actually run)",
         file=stream,

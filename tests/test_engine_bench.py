@@ -1,6 +1,7 @@
-"""The rounds method of the engine benchmarks (lookahead_client.bench.rounds) and the vLLM
-benchmark's summaries built on it, on made-up trial results (the engines themselves run in
-``lookahead-bench vllm``; a child process here is a real one)."""
+"""The rounds method of the engine benchmarks (lookahead_client.bench.rounds), the summaries
+built on it (engine_bench) and the vLLM and SGLang benchmarks' per-step figures, on made-up
+trial results (a child process here is a real one; the engines themselves run in
+tests/sglang_engine and in ``lookahead-bench vllm`` / ``sglang``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 
+from lookahead_client.bench import sglang_engine
 from lookahead_client.bench.engine_bench import summarise, versus
 from lookahead_client.bench.rounds import (
     Spread,
@@ -101,7 +103,7 @@ def test_run_rounds_says_the_cost_first_and_counts_each_trials_child_cpu():
     assert ran == ["plain", "x", "x", "plain"]
     assert [result for _, result, _ in done] == [1, 2, 3, 4]
     first_line = stream.getvalue().splitlines()[0]
-    assert first_line.startswith("4 trials (2 rounds x 2 configurations), each a test child")
+    assert first_line.startswith("4 trials (2 round(s) x 2 configurations), each a test child")
     assert "about 6 min" in first_line
     for _, _, cost in done:
         assert cost.cpu_s > 0.05
@@ -209,3 +211,49 @@ def test_a_failed_trial_names_itself_and_shows_its_log():
         run_child(fail, os.environ, trial)
     assert "engine says: no KV cache" in str(e.value)
     run_child([sys.executable, "-c", "print('fine')"], os.environ, trial)  # no error
+
+
+def test_sglang_figures_are_per_decode_step_and_accept_length_is_sglangs():
+    rounds = [
+        {
+            "completion_tokens": 60.0,
+            "spec_verify_ct": 20.0,
+            "draft_s": 0.02,
+            "draft_calls": 19.0,
+            "corpus_s": 0.01,
+            "corpus_calls": 19.0,
+            "insert_s": 0.0,
+            "insert_calls": 19.0,
+            "step_s": 1.9,
+            "step_calls": 19.0,
+            "lookahead_accepted_drafts": 30.0,
+            "lookahead_expected_drafts": 40.0,
+        },
+        {"completion_tokens": 40.0, "spec_verify_ct": 20.0, "draft_s": 0.018, "draft_calls": 17.0},
+    ]
+    figures = sglang_engine.per_step_figures(rounds, tokens=100)
+    assert figures["accept_length"] == 2.5  # 100 tokens in 40 verify passes
+    assert figures["decode_steps"] == 36
+    assert figures["draft_ms"] == pytest.approx(1e3 * 0.038 / 36, abs=1e-3)
+    assert figures["step_ms"] == 100.0
+    assert figures["lookahead"]["accepted_over_expected"] == 0.75
+    plain = sglang_engine.per_step_figures([{"completion_tokens": 50.0}], tokens=50)
+    assert plain["accept_length"] is None and "lookahead" not in plain
+
+
+def test_sglang_bench_refuses_a_folder_without_the_cpu_standins(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="sitecustomize.py") as e:
+        sglang_engine.find_cpu_standins(str(tmp_path))
+    assert e.value.field == "cpu_standins"
+    assert sglang_engine.find_cpu_standins("none") is None
+    (tmp_path / "sitecustomize.py").write_text("")
+    assert sglang_engine.find_cpu_standins(str(tmp_path)) == tmp_path
+
+
+def test_engine_benches_refuse_bad_configurations_with_status_2(capsys):
+    from lookahead_client.bench.cli import main
+
+    assert main(["sglang", "--workload", "w.jsonl", "--configs", "plain,bogus"]) == 2
+    assert "unknown configuration bogus" in capsys.readouterr().err
+    assert main(["vllm", "--workload", "w.jsonl", "--configs", "ngram:x"]) == 2
+    assert "unknown configuration 'ngram:x'" in capsys.readouterr().err
