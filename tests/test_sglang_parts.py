@@ -12,7 +12,7 @@ from lookahead_client import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
@@ -291,6 +291,34 @@ def test_config_round_trips_through_the_environment():
     with pytest.raises(InvalidArgumentError) as e:
         LookaheadConfig.from_env(ENV_VAR, {ENV_VAR: '{"targte": "x"}'})
     assert e.value.field == "targte"
+
+
+def test_plugin_stops_the_process_on_a_bad_config(monkeypatch):
+    # SGLang's load_plugins() swallows a plugin's exceptions, but not SystemExit
+    # (tests/sglang_engine checks the real engine refuses to start).
+    from lookahead_client.sglang.plugin import register
+
+    monkeypatch.setenv(ENV_VAR, '{"timeout": 0}')
+    with pytest.raises(SystemExit, match=f"{ENV_VAR} is invalid: timeout must be > 0"):
+        register()
+
+
+def test_the_embedded_core_is_called_inline_and_other_drafters_behind_a_deadline():
+    class Embedded(EmbeddedDrafter):
+        def step(self, requests, cost=None):
+            self.thread = threading.current_thread()
+            return super().step(requests, cost)
+
+    config = LookaheadConfig(timeout=0.02)
+    drafter = Embedded(vocab_size=1000)
+    inline = guard_for(config, drafter)
+    assert inline.deadline is None
+    outcome = inline.run([StepRequest("r", prompt=[1, 2, 3], new_tokens=[4], budget=4)])
+    assert outcome.ok
+    assert drafter.thread is threading.current_thread()
+    assert guard_for(config, _Scripted()).deadline == 0.02
+    remote = guard_for(LookaheadConfig(target="unix:///nowhere", timeout=0.02), _Scripted())
+    assert remote.deadline > 0.02
 
 
 def test_config_builds_the_drafter_it_describes():

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.types import Drafter, DraftTree, EngineCost, StepRequest
 
@@ -271,14 +272,19 @@ class DraftGuard:
 def guard_for(config: LookaheadConfig, drafter: Drafter) -> DraftGuard:
     """The guard an engine process puts around the drafter ``config`` built.
 
-    The deadline is ``config.timeout``. A remote client answers by itself at its deadline
-    (its first call, which connects, has a longer one), so its guard waits a little longer
-    and only catches a stuck call.
+    The in-process Rust core (:class:`~lookahead_client.embedded.EmbeddedDrafter`) is called
+    inline, on the engine's thread: its step is bounded by the step's budgets and takes
+    microseconds, while handing it to a thread and waiting costs more than the step itself
+    on a busy engine (a thread switch and the GIL, every step). Any other drafter gets the
+    deadline ``config.timeout``. A remote client answers by itself at its deadline (its first
+    call, which connects, has a longer one), so its guard waits a little longer and only
+    catches a stuck call.
     """
+    describe = f"lookahead {config.describe()}"
+    if isinstance(drafter, EmbeddedDrafter):
+        return DraftGuard(drafter, None, describe=describe)
     deadline, first = config.timeout, None
     if not config.embedded:
         deadline += _REMOTE_GRACE_S
         first = max(deadline, getattr(drafter, "connect_timeout", 0.0) + _REMOTE_GRACE_S)
-    return DraftGuard(
-        drafter, deadline, first_deadline=first, describe=f"lookahead {config.describe()}"
-    )
+    return DraftGuard(drafter, deadline, first_deadline=first, describe=describe)

@@ -19,6 +19,7 @@ import logging
 
 from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
 from lookahead_client.engine.config import LookaheadConfig
+from lookahead_client.errors import InvalidArgumentError
 
 __all__ = ["register"]
 
@@ -29,10 +30,15 @@ def register() -> None:
     """Installs the lookahead hook when ``LOOKAHEAD_SGLANG`` holds a config.
 
     Raises:
-        InvalidArgumentError: the variable is set but not a valid config (a typo must not
-            silently leave lookahead off; SGLang logs the error).
+        SystemExit: the variable is set but not a valid config; the message names the
+            variable and the field. A typo must not leave lookahead off, and SGLang's
+            ``load_plugins()`` logs and swallows a plugin's exceptions (the engine would start
+            with SGLang's own corpus), not ``SystemExit``, which stops the process.
     """
-    config = LookaheadConfig.from_env(ENV_VAR)
+    try:
+        config = LookaheadConfig.from_env(ENV_VAR)
+    except InvalidArgumentError as e:
+        raise SystemExit(f"lookahead: {ENV_VAR} is invalid: {e}") from e
     if config is None:
         return
     from lookahead_client.sglang.activate import install
