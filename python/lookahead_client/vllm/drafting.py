@@ -165,9 +165,10 @@ class ChainDrafting:
         return chains
 
     def stats(self) -> dict[str, Any]:
-        """Counters: steps, drafts, the request book, the guard, a remote client's own
-        fallbacks, the draft nodes the core sized away."""
+        """Whether chains are sized; counters: steps, drafts, the request book, the guard, a
+        remote client's own fallbacks, the draft nodes the core sized away."""
         out: dict[str, Any] = {
+            "sizing": self.cost is not None,
             "steps": self.steps,
             "drafted_requests": self.drafted_requests,
             "draft_tokens": self.draft_tokens,

@@ -24,6 +24,7 @@ its group.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -65,6 +66,10 @@ class LookaheadSpeculator(BaseSpeculator):
             (max_reqs, self.k), dtype=torch.float32, device=device
         )
         self.config = config_of(spec.speculator_options)
+        if self.config.sizing and not self.enable_adaptive_verification:
+            # Without adaptive verification vLLM 0.34 verifies K slots of every row whatever
+            # the chain's length: a cut chain saves nothing, so every slot gets a draft token.
+            self.config = dataclasses.replace(self.config, sizing=False)
         self._vocab_size = int(vllm_config.model_config.get_vocab_size())
         self._group = tensor_parallel_group()
         self.rank = tensor_parallel_rank(self._group)
