@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -257,3 +260,32 @@ def test_engine_benches_refuse_bad_configurations_with_status_2(capsys):
     assert "unknown configuration bogus" in capsys.readouterr().err
     assert main(["vllm", "--workload", "w.jsonl", "--configs", "ngram:x"]) == 2
     assert "unknown configuration 'ngram:x'" in capsys.readouterr().err
+
+
+def test_an_interrupted_trial_takes_its_whole_session_down(tmp_path):
+    # The trial's process starts a grandchild (as an engine starts its scheduler) and hangs.
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(SystemExit):
+        run_child([sys.executable, "-c", script], os.environ, Trial(0, 0, "hung"))
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init once killed
+        if not os.path.exists(f"/proc/{grandchild}") or "Z" in _state(grandchild):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the trial's grandchild outlived the benchmark")
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]
+    except FileNotFoundError:
+        return "gone"

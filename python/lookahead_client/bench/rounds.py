@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -250,6 +251,9 @@ def run_child(command: Sequence[str], env: Mapping[str, str], trial: Trial) -> N
     """Runs one trial's process with its output in a log file, so that engines' start-up
     noise stays off the progress bar.
 
+    The process runs in a session of its own, killed whole (the engine's own processes too)
+    if the benchmark is interrupted or terminated while it runs.
+
     Raises:
         TrialError: the process exited with an error (naming the trial, the log's last
             lines and where the whole log is).
@@ -257,13 +261,42 @@ def run_child(command: Sequence[str], env: Mapping[str, str], trial: Trial) -> N
     with tempfile.NamedTemporaryFile(
         "w+", prefix=f"lookahead-bench-r{trial.round}-", suffix=".log", delete=False
     ) as log:
-        done = subprocess.run(list(command), env=dict(env), stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode == 0:
+        child = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        previous = signal.signal(signal.SIGTERM, _terminated)
+        try:
+            status = _wait(child)
+        except BaseException:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if status == 0:
             os.unlink(log.name)
             return
         log.seek(0)
         tail = "".join(log.readlines()[-30:])
     raise TrialError(
-        f"{trial.config} failed in round {trial.round + 1} (exit status {done.returncode}); "
+        f"{trial.config} failed in round {trial.round + 1} (exit status {status}); "
         f"the last lines of its log ({log.name}):\n{tail}"
     )
+
+
+def _wait(child: subprocess.Popen) -> int:
+    """The child's exit status; waits in short slices, so that a signal's handler runs in
+    this (the main) thread however the signal was delivered."""
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
