@@ -16,7 +16,7 @@ import time
 import pytest
 
 from lookahead_client.bench import sglang_engine
-from lookahead_client.bench.engine_bench import summarise, versus
+from lookahead_client.bench.engine_bench import run_trial_process, summarise, versus
 from lookahead_client.bench.rounds import (
     Spread,
     Trial,
@@ -289,3 +289,24 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
+    # A stand-in trial module: it writes what the bench told it, and whether the server's
+    # socket was there while it ran.
+    (tmp_path / "fake_trial.py").write_text(
+        "import json, os, sys\n"
+        "spec = json.load(open(sys.argv[2]))\n"
+        "target = os.environ['TARGET']\n"
+        "alive = os.path.exists(target.removeprefix('unix://'))\n"
+        "json.dump({'name': spec['name'], 'target': target, 'alive': alive},"
+        " open(spec['out'], 'w'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    trial = Trial(0, 0, "lookahead-server")
+    got = run_trial_process(
+        "fake_trial", trial, {}, env, str(tmp_path), server_env=lambda t: {"TARGET": t}
+    )
+    assert got["name"] == "lookahead-server" and got["alive"] is True
+    assert got["target"].startswith("unix://")
+    assert not os.path.exists(got["target"].removeprefix("unix://"))  # closed after the trial

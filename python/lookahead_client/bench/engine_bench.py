@@ -14,16 +14,21 @@ engine's own, read around each pass, which each benchmark turns into per-step fi
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .rounds import BASELINE, Spread, Trial, TrialCost, compare, speedups
+from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_child, speedups
 
 __all__ = [
     "Column",
+    "add_engine_arguments",
+    "cell",
+    "run_trial_process",
+    "sum_counters",
     "delta",
     "ensure_model",
     "number",
@@ -262,6 +267,19 @@ def number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def cell(key: str, section: str | None = None) -> Callable[[dict, str], str]:
+    """A column's cell: ``per_step_<pass>[key]`` of an entry (within ``[section]`` when
+    given; ``-`` where the configuration has none)."""
+
+    def show(entry: dict, p: str) -> str:
+        figures = entry[f"per_step_{p}"]
+        if section is not None:
+            figures = figures.get(section) or {}
+        return number(figures.get(key))
+
+    return show
+
+
 def print_tables(
     table: dict,
     halves: dict,
@@ -368,3 +386,70 @@ def report(
         plot(plot_path, table, plot_title)
         print(f"plot: {plot_path}")
     return out
+
+
+def sum_counters(counters: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Counters summed key by key (a pass's counters over rounds)."""
+    out: dict[str, float] = {}
+    for c in counters:
+        for k, v in c.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, configs: Sequence[str], also: str
+) -> None:
+    """The options every engine benchmark takes: workloads, configurations, rounds, prompt
+    sets, lengths, the model folder, and where the JSON and the plot go."""
+    parser.add_argument(
+        "--workload", action="append", required=True, metavar="PATH", help="repeatable"
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(configs),
+        help=f"comma-separated (plain always runs){also}",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds; each runs every configuration once, in a rotated order (default 3)",
+    )
+    parser.add_argument("--prompts-per-half", type=int, default=2)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    parser.add_argument("--json", metavar="OUT", help="write everything (outputs included) here")
+    parser.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")
+
+
+def run_trial_process(
+    module: str,
+    trial: Trial,
+    spec: dict[str, Any],
+    env: dict[str, str],
+    tmp: str,
+    *,
+    server_env: Callable[[str], dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """Runs ``python -m module --child SPEC`` for one trial (``spec`` plus the trial's name
+    and where to write) and returns the result it wrote.
+
+    Args:
+        server_env: for a trial drafting from a server: a ``lookahead-server`` on a Unix
+            socket runs for the trial, and this gives the variables that point the engine at
+            its address.
+    """
+    spec_file = pathlib.Path(tmp, f"r{trial.round}-{trial.config.replace(':', '-')}.json")
+    out_file = spec_file.with_suffix(".out.json")
+    spec_file.write_text(json.dumps({**spec, "name": trial.config, "out": str(out_file)}))
+    command = [sys.executable, "-m", module, "--child", str(spec_file)]
+    if server_env is None:
+        run_child(command, env, trial)
+    else:
+        from lookahead_client.processes.server import ServerProcess
+
+        with ServerProcess(tcp=False) as server:
+            run_child(command, {**env, **server_env(server.unix_target)}, trial)
+    return json.loads(out_file.read_text())

@@ -48,8 +48,18 @@ from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
 
-from .engine_bench import Column, delta, ensure_model, number, report, workload_prompt_sets
-from .rounds import Trial, run_child, run_rounds, schedule
+from .engine_bench import (
+    Column,
+    add_engine_arguments,
+    cell,
+    delta,
+    ensure_model,
+    report,
+    run_trial_process,
+    sum_counters,
+    workload_prompt_sets,
+)
+from .rounds import Trial, run_rounds, schedule
 
 __all__ = ["CONFIGS", "add_sglang_parser", "find_cpu_standins", "per_step_figures", "run_sglang"]
 
@@ -277,10 +287,7 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         tokens: the tokens emitted in those rounds (unused: SGLang counts its own).
     """
     del tokens
-    total: dict[str, float] = {}
-    for c in counters:
-        for k, v in c.items():
-            total[k] = total.get(k, 0.0) + v
+    total = sum_counters(counters)
 
     def per(a: float, b: float, scale: float = 1.0) -> float | None:
         return round(scale * a / b, 3) if b > 0 else None
@@ -305,17 +312,13 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
     return out
 
 
-def _cell(key: str) -> Callable[[dict, str], str]:
-    return lambda entry, p: number(entry[f"per_step_{p}"].get(key))
-
-
 #: The per-step columns of the printed tables.
 _COLUMNS: tuple[Column, ...] = (
-    ("accept", 6, _cell("accept_length")),
-    ("draft ms", 8, _cell("draft_ms")),
-    ("corpus ms", 9, _cell("corpus_ms")),
-    ("insert ms", 9, _cell("insert_ms")),
-    ("step ms", 7, _cell("step_ms")),
+    ("accept", 6, cell("accept_length")),
+    ("draft ms", 8, cell("draft_ms")),
+    ("corpus ms", 9, cell("corpus_ms")),
+    ("insert ms", 9, cell("insert_ms")),
+    ("step ms", 7, cell("step_ms")),
 )
 
 
@@ -327,46 +330,24 @@ def add_sglang_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sp.add_argument("--workload", action="append", required=True, metavar="PATH", help="repeatable")
-    sp.add_argument(
-        "--configs", default=",".join(CONFIGS), help="comma-separated (plain always runs)"
-    )
-    sp.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds; each runs every configuration once, in a rotated order (default 3)",
-    )
+    add_engine_arguments(sp, CONFIGS, "")
     sp.add_argument(
         "--draft-tokens",
         type=int,
         default=8,
         help="SGLang's --speculative-num-draft-tokens: tree slots, root included (default 8)",
     )
-    sp.add_argument("--prompts-per-half", type=int, default=2)
-    sp.add_argument("--max-prompt-tokens", type=int, default=1024)
-    sp.add_argument("--max-new-tokens", type=int, default=128)
-    sp.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     sp.add_argument(
         "--cpu-standins",
         metavar="DIR",
         help="SGLang's CPU stand-ins to load on a machine without CUDA (default: "
         "../shared/sglang-cpu, found from here or the checkout; 'none': never)",
     )
-    sp.add_argument("--json", metavar="OUT", help="write everything (outputs included) here")
-    sp.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")
     return sp
 
 
-def _lookahead_env(name: str, server: Any) -> str | None:
-    """``LOOKAHEAD_SGLANG`` for a configuration (None: SGLang's own corpus or no speculation)."""
-    if name == "lookahead":
-        return "{}"
-    if name == "lookahead-chain":
-        return json.dumps({"chain": True})
-    if name == "lookahead-server":
-        return json.dumps({"target": server.unix_target})
-    return None
+#: ``LOOKAHEAD_SGLANG`` of the configurations with an embedded drafter.
+_EMBEDDED_CONFIGS = {"lookahead": "{}", "lookahead-chain": json.dumps({"chain": True})}
 
 
 def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None, tmp: str):
@@ -379,23 +360,18 @@ def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None
     if standins is not None:
         env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_CPU_STANDINS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(standins), env.get("PYTHONPATH")]))
-    server = None
-    if name == "lookahead-server":
-        from lookahead_client.processes.server import ServerProcess
-
-        server = ServerProcess(tcp=False).start()
-    config = _lookahead_env(name, server)
-    if config is not None:
-        env[SGLANG_ENV] = config
-    spec_file = pathlib.Path(tmp, f"r{trial.round}-{name}.json")
-    out_file = spec_file.with_suffix(".out.json")
-    spec_file.write_text(json.dumps({**spec, "name": name, "out": str(out_file)}))
-    try:
-        run_child([sys.executable, "-m", __name__, "--child", str(spec_file)], env, trial)
-    finally:
-        if server is not None:
-            server.close()
-    return json.loads(out_file.read_text())
+    if name in _EMBEDDED_CONFIGS:
+        env[SGLANG_ENV] = _EMBEDDED_CONFIGS[name]
+    return run_trial_process(
+        "lookahead_client.bench.sglang_engine",
+        trial,
+        spec,
+        env,
+        tmp,
+        server_env=(lambda target: {SGLANG_ENV: json.dumps({"target": target})})
+        if name == "lookahead-server"
+        else None,
+    )
 
 
 def run_sglang(args: argparse.Namespace) -> int:

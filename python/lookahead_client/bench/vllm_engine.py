@@ -36,20 +36,23 @@ import pathlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
 
 from .engine_bench import (
     Column,
+    add_engine_arguments,
+    cell,
     delta,
     ensure_model,
-    number,
     report,
+    run_trial_process,
+    sum_counters,
     workload_prompt_sets,
 )
-from .rounds import Trial, run_child, run_rounds, schedule
+from .rounds import Trial, run_rounds, schedule
 
 __all__ = ["CONFIGS", "add_vllm_parser", "per_step_figures", "run_vllm", "speculative_config"]
 
@@ -234,10 +237,7 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
     observation per request, one inter-token observation per later request-step.
     ``tokens_per_step`` is what a request gained per step, drafted or not.
     """
-    total: dict[str, float] = {}
-    for c in counters:
-        for k, v in c.items():
-            total[k] = total.get(k, 0.0) + v
+    total = sum_counters(counters)
     drafts, draft_tokens = total.get(_DRAFTS, 0.0), total.get(_DRAFT_TOKENS, 0.0)
     accepted = total.get(_ACCEPTED, 0.0)
     steps = total.get(_FIRST_TOKENS, 0.0) + total.get(_LATER_STEPS, 0.0)
@@ -266,23 +266,15 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
 _VLLM_DRAFTERS = ("ngram", "suffix")
 
 
-def _step_cell(key: str) -> Callable[[dict, str], str]:
-    return lambda entry, p: number(entry[f"per_step_{p}"][key])
-
-
-def _lookahead_cell(key: str) -> Callable[[dict, str], str]:
-    return lambda entry, p: number((entry[f"per_step_{p}"].get("lookahead") or {}).get(key))
-
-
 #: The per-step columns of the printed tables.
 _COLUMNS: tuple[Column, ...] = (
-    ("tok/step", 8, _step_cell("tokens_per_step")),
-    ("drafted", 7, _step_cell("drafted_share")),
-    ("tok/draft", 9, _step_cell("tokens_per_drafted_step")),
-    ("acc/tok", 7, _step_cell("accepted_per_verified")),
-    ("MAL", 5, _step_cell("mal")),
-    ("ms/prop", 7, _lookahead_cell("proposer_ms_per_step")),
-    ("acc/exp", 7, _lookahead_cell("accepted_over_expected")),
+    ("tok/step", 8, cell("tokens_per_step")),
+    ("drafted", 7, cell("drafted_share")),
+    ("tok/draft", 9, cell("tokens_per_drafted_step")),
+    ("acc/tok", 7, cell("accepted_per_verified")),
+    ("MAL", 5, cell("mal")),
+    ("ms/prop", 7, cell("proposer_ms_per_step", "lookahead")),
+    ("acc/exp", 7, cell("accepted_over_expected", "lookahead")),
 )
 
 
@@ -294,7 +286,7 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    vp.add_argument("--workload", action="append", required=True, metavar="PATH", help="repeatable")
+    add_engine_arguments(vp, CONFIGS, f"; also: {WHOLE_CHAINS}")
     vp.add_argument(
         "--n",
         action="append",
@@ -309,24 +301,7 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="sampling temperature of the workloads with n > 1 (vLLM samples n > 1 only "
         "above 0); the others are greedy",
     )
-    vp.add_argument(
-        "--configs",
-        default=",".join(CONFIGS),
-        help=f"comma-separated (plain is always run); also: {WHOLE_CHAINS}",
-    )
-    vp.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds; each runs every configuration once, in a rotated order (default 3)",
-    )
     vp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")
-    vp.add_argument("--prompts-per-half", type=int, default=2)
-    vp.add_argument("--max-prompt-tokens", type=int, default=1024)
-    vp.add_argument("--max-new-tokens", type=int, default=128)
-    vp.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
-    vp.add_argument("--json", metavar="OUT", help="write everything (outputs included) here")
-    vp.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")
     return vp
 
 
@@ -347,23 +322,18 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
     env.pop("LOOKAHEAD_VLLM", None)
     # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    server = None
-    if name == "lookahead-server":
-        from lookahead_client.processes.server import ServerProcess
-
-        server = ServerProcess(tcp=False).start()
-        env["LOOKAHEAD_VLLM"] = json.dumps({"target": server.unix_target})
-    elif name == WHOLE_CHAINS:
+    if name == WHOLE_CHAINS:
         env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
-    spec_file = pathlib.Path(tmp, f"r{trial.round}-{name.replace(':', '-')}.json")
-    out_file = spec_file.with_suffix(".out.json")
-    spec_file.write_text(json.dumps({**spec, "name": name, "out": str(out_file)}))
-    try:
-        run_child([sys.executable, "-m", __name__, "--child", str(spec_file)], env, trial)
-    finally:
-        if server is not None:
-            server.close()
-    return json.loads(out_file.read_text())
+    return run_trial_process(
+        "lookahead_client.bench.vllm_engine",
+        trial,
+        spec,
+        env,
+        tmp,
+        server_env=(lambda target: {"LOOKAHEAD_VLLM": json.dumps({"target": target})})
+        if name == "lookahead-server"
+        else None,
+    )
 
 
 def run_vllm(args: argparse.Namespace) -> int:
