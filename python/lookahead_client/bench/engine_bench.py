@@ -26,6 +26,7 @@ from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_child, spee
 __all__ = [
     "Column",
     "add_engine_arguments",
+    "config_names",
     "cell",
     "run_trial_process",
     "sum_counters",
@@ -453,3 +454,8 @@ def run_trial_process(
         with ServerProcess(tcp=False) as server:
             run_child(command, {**env, **server_env(server.unix_target)}, trial)
     return json.loads(out_file.read_text())
+
+
+def config_names(text: str) -> list[str]:
+    """``--configs``: comma-separated names, blanks and repeats dropped, in order."""
+    return list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))

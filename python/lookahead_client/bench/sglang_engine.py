@@ -52,6 +52,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    config_names,
     delta,
     ensure_model,
     report,
@@ -376,7 +377,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None
 
 def run_sglang(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
-    configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
+    configs = config_names(args.configs)
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise InvalidArgumentError(

@@ -45,6 +45,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    config_names,
     delta,
     ensure_model,
     report,
@@ -338,7 +339,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
 
 def run_vllm(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
-    configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
+    configs = config_names(args.configs)
     for c in configs:
         speculative_config(c, args.k)  # refuses an unknown name before anything starts
     trials = schedule(configs, args.rounds)
