@@ -12,8 +12,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-step() { printf '\n==> %s\n' "$*"; }
 start=$SECONDS
+# Each step says when it started, so a slow CI run shows where its time went.
+step() { printf '\n==> [%dm%02ds] %s\n' "$(((SECONDS - start) / 60))" "$(((SECONDS - start) % 60))" "$*"; }
 # CI machines' free disk varies: say it up front, so that a full disk reads as one.
 df -Ph "$ROOT" | awk 'NR == 2 {print "disk: " $4 " free (the suite needs about 20 GB)"}'
 
