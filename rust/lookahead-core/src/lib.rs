@@ -20,6 +20,7 @@ mod remote_text;
 mod request;
 mod siblings;
 pub mod sizing;
+pub mod slots;
 mod snapshot;
 mod suffix_automaton;
 mod tree;
