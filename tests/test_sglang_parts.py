@@ -16,7 +16,6 @@ from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
-from lookahead_client.sglang.corpus import _level_order
 from lookahead_client.types import DraftTree, StepRequest
 
 # -- the request book ------------------------------------------------------------------------
@@ -217,10 +216,10 @@ def test_guard_failures_fall_back_warn_once_back_off_and_recover(caplog):
     drafter.action = "raise"
     with caplog.at_level(logging.INFO, logger="lookahead_client"):
         outcome = guard.run(REQS)
-        assert outcome.trees is None and outcome.failed is None and "boom" in outcome.error
+        assert outcome.batch is None and outcome.failed is None and "boom" in outcome.error
         assert not guard.ready  # backing off: steps are not sent
         clock.now += 1.0
-        assert guard.ready and guard.run(REQS).trees is None
+        assert guard.ready and guard.run(REQS).batch is None
         clock.now += 1.0
         assert not guard.ready  # the backoff doubled
         clock.now += 1.0
@@ -235,14 +234,14 @@ def test_guard_keeps_the_other_trees_when_one_request_is_refused():
     drafter = _Scripted()
     drafter.action = "refuse"
     outcome = DraftGuard(drafter, None).run(REQS)
-    assert outcome.failed == frozenset({0}) and len(outcome.trees) == 2 and not outcome.ok
+    assert outcome.failed == frozenset({0}) and len(outcome.batch) == 2 and not outcome.ok
 
 
 def test_guard_treats_a_wrong_number_of_trees_as_a_failure():
     drafter = _Scripted()
     drafter.action = "short"
     outcome = DraftGuard(drafter, None).run(REQS)
-    assert outcome.trees is None and "0 trees for 2" in outcome.error
+    assert outcome.batch is None and "0 trees for 2" in outcome.error
 
 
 def test_guard_deadline_and_late_answer():
@@ -305,9 +304,9 @@ def test_plugin_stops_the_process_on_a_bad_config(monkeypatch):
 
 def test_the_embedded_core_is_called_inline_and_other_drafters_behind_a_deadline():
     class Embedded(EmbeddedDrafter):
-        def step(self, requests, cost=None):
+        def step_batch(self, requests, cost=None):
             self.thread = threading.current_thread()
-            return super().step(requests, cost)
+            return super().step_batch(requests, cost)
 
     config = LookaheadConfig(timeout=0.02)
     drafter = Embedded(vocab_size=1000)
@@ -356,15 +355,6 @@ def test_launcher_flags_are_split_from_sglang_flags():
     with pytest.raises(InvalidArgumentError) as e:
         split_argv(["--lookahead-timeout", "-1"])
     assert e.value.field == "timeout"
-
-
-def test_level_order_keeps_parents_first_and_levels_in_order():
-    best_first = DraftTree(9, (1, 2, 3, 4), (-1, 0, -1, 1), (0.9, 0.8, 0.5, 0.4))
-    tree = _level_order(best_first)
-    assert tree.tokens == (1, 3, 2, 4) and tree.parents == (-1, -1, 0, 2)
-    assert tree.scores == (0.9, 0.5, 0.8, 0.4)
-    assert sorted(tree.paths()) == sorted(best_first.paths())
-    assert _level_order(tree) is tree
 
 
 def test_token_comes_from_a_file_and_stays_out_of_reprs(tmp_path):

@@ -17,12 +17,13 @@ from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import (
     build_tree_tensors,
     flashinfer_custom_mask,
+    pack_batch,
     pack_trees,
     parents_from_mask,
     tree_tensors,
     unpack_tree,
 )
-from lookahead_client.types import DraftTree
+from lookahead_client.types import DraftBatch, DraftTree
 
 # The test vector (derived from SGLang's semantics).
 VECTOR_TOKENS = [3, 4, 44, 5, 55, 6, 66, 77]
@@ -237,6 +238,45 @@ def test_cut_tree_keeps_first_nodes():
     assert mask.reshape(3, 3).astype(int).tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     tokens, mask = pack_trees([tree], 1)
     assert tokens.tolist() == [9] and mask.tolist() == [True]
+
+
+def test_best_first_trees_are_laid_out_level_by_level():
+    best_first = DraftTree(9, (1, 2, 3, 4), (-1, 0, -1, 1), (0.9, 0.8, 0.5, 0.4))
+    tokens, mask = pack_trees([best_first], 5)
+    assert tokens.tolist() == [9, 1, 3, 2, 4]
+    back = unpack_tree(tokens, mask)
+    assert sorted(back.paths()) == sorted(best_first.paths())
+
+
+def test_pack_batch_lays_out_refused_trees_root_only_and_says_why():
+    trees = [
+        DraftTree(5, (6, 7), (-1, 0), (0.9, 0.5)),  # fine
+        DraftTree(4, (6,), (-1,), (0.9,)),  # under another token
+        DraftTree(-1, (6, 99), (-1, 0), (0.9, 0.5)),  # 99 is outside a vocabulary of 50
+        DraftTree(5, (6, 7), (-1, 0), (0.9, 0.5)),  # its parents are broken below
+        DraftTree(-1, (6, 7, 99), (-1, 0, 1), (0.9, 0.5, 0.2)),  # 99 does not fit
+    ]
+    batch = DraftBatch.from_trees(trees)
+    batch.parents[6] = 1  # a parent after its child (a foreign drafter's columns)
+    packed = pack_batch(batch, 3, [5] * 5, vocab_size=50)
+    assert [(i, kind) for i, kind, _ in packed.problems] == [(1, "root"), (2, "vocab"), (3, "tree")]
+    assert "outside the model's vocabulary (50)" in packed.problems[1][2]
+    assert packed.placed.tolist() == [2, 0, 0, 0, 2] and packed.depths.tolist() == [2, 0, 0, 0, 2]
+    rows = packed.tokens.reshape(5, 3)
+    assert rows.tolist() == [[5, 6, 7], [5, 0, 0], [5, 0, 0], [5, 0, 0], [5, 6, 7]]
+    assert packed.mask.dtype == np.int64
+    root_only = [[1, 0, 0], [1, 1, 0], [1, 0, 1]]
+    assert packed.mask.reshape(5, 3, 3)[1].tolist() == root_only
+    assert packed.expected.tolist() == pytest.approx([1.4, 0, 0, 0, 1.4])
+    # Requests pick their trees (-1: none).
+    picked = pack_batch(batch, 3, [5, 5], vocab_size=50, rows=[4, -1])
+    assert picked.tokens.tolist() == [5, 6, 7, 5, 0, 0] and picked.problems == []
+    with pytest.raises(InvalidArgumentError) as e:
+        pack_batch(batch, 3, [5] * 4, vocab_size=50)
+    assert e.value.field == "expected_roots"
+    with pytest.raises(InvalidArgumentError) as e:
+        pack_batch(batch, 3, [5], vocab_size=50, rows=[5])
+    assert e.value.field == "rows"
 
 
 def test_invalid_arguments_name_their_field():

@@ -2,8 +2,30 @@
 
 from collections.abc import Sequence
 
+import numpy as np
+
 _RawTree = tuple[int, list[int], list[int], list[float]]
-_StepItem = tuple[str, list[int] | None, list[int], int, bool, int]
+#: (request_id, prompt or None, new_tokens, accepted_last, finished, budget, group or None,
+#: shape, temperature, offset or None)
+_StepItem = tuple[
+    str, list[int] | None, list[int], int, bool, int, str | None, int, float, int | None
+]
+#: (tokens, seconds, padded, base_tokens, explore_every)
+_Cost = tuple[list[int], list[float], bool, int, int]
+#: (roots, sizes, tokens, parents, scores, held, [(index, exception)])
+_StepColumns = tuple[
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    list[tuple[int, Exception]],
+]
+#: (tokens, mask, placed, depths, expected, [(row, kind, message)])
+_Slots = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str, str]]
+]
 
 class NativeDrafter:
     """The embedded drafter's core; see ``lookahead_client.EmbeddedDrafter``."""
@@ -23,8 +45,22 @@ class NativeDrafter:
     def draft(self, request_id: str, budget: int) -> _RawTree: ...
     def end(self, request_id: str) -> None: ...
     def ingest(self, tokens_: Sequence[int]) -> None: ...
-    def step(self, items: list[_StepItem]) -> list[_RawTree | Exception]: ...
+    def step(self, items: list[_StepItem], cost: _Cost | None = None) -> _StepColumns: ...
     def stats(self) -> dict[str, int | float]: ...
 
 def run_server(argv: list[str]) -> int:
     """Runs ``lookahead-server`` (``argv[0]`` is the program name) until it shuts down."""
+
+def pack_slots(
+    roots: np.ndarray,
+    sizes: np.ndarray,
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    scores: np.ndarray,
+    rows: np.ndarray,
+    expected_roots: np.ndarray,
+    num_slots: int,
+    vocab_size: int,
+) -> _Slots:
+    """A step's trees in the slot layout of tree verification; see
+    ``lookahead_client.tree.pack_batch``."""

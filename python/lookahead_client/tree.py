@@ -7,8 +7,9 @@ Layout (``d`` = ``num_slots`` = budget + 1, per request):
 * unused slots hold token 0 hanging under the root (SGLang's padding);
 * ``mask[i, j]`` is true when slot ``j`` is slot ``i`` itself or one of its ancestors.
 
-:func:`pack_trees` builds exactly the flat ``(tokens, mask)`` arrays that SGLang's
-``NgramCorpus.batch_get`` returns, with numpy only. :func:`tree_tensors` and
+:func:`pack_batch` (a step's columns) and :func:`pack_trees` (tree objects) build exactly the
+flat ``(tokens, mask)`` arrays that SGLang's ``NgramCorpus.batch_get`` returns, in native code
+(``lookahead_core::slots``, the layout's one home). :func:`tree_tensors` and
 :func:`build_tree_tensors` derive, with torch on any device, the verify inputs that SGLang's
 ``reconstruct_indices_from_tree_mask`` kernel writes (positions, ``retrive_*`` links) plus the
 flattened FlashInfer custom mask. Torch is an optional dependency: it is imported inside the
@@ -19,19 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from . import _native
 from .errors import InvalidArgumentError
-from .types import DraftTree
+from .types import DraftBatch, DraftTree
 
 if TYPE_CHECKING:
     import torch
 
+#: Every token id the core can hold (below its separator, 2**32 - 1): no vocabulary check.
+_ANY_TOKEN = 2**32 - 1
+
 __all__ = [
+    "PackedSlots",
+    "pack_batch",
     "pack_trees",
-    "ancestor_mask",
     "parents_from_mask",
     "unpack_tree",
     "TreeTensors",
@@ -41,26 +47,72 @@ __all__ = [
 ]
 
 
-def ancestor_mask(parents: np.ndarray) -> np.ndarray:
-    """The ancestor mask of a batch of slot-indexed trees.
+class PackedSlots(NamedTuple):
+    """A step's trees in the slot layout (see the module's docstring), from :func:`pack_batch`.
+
+    Attributes:
+        tokens: int64 ``[bs * d]``.
+        mask: int64 ``[bs * d * d]`` (SGLang's corpus dtype; 1 marks an ancestor or itself).
+        placed: uint32 ``[bs]``, the draft nodes placed per request.
+        depths: uint32 ``[bs]``, the levels they span (the most tokens one verification can
+            accept).
+        expected: float64 ``[bs]``, the placed nodes' scores summed (the draft tokens the
+            drafter expects the verification to accept).
+        problems: ``(index, kind, message)`` for each tree laid out root-only instead:
+            ``kind`` is ``"root"`` (it hangs under another token than the request's last: the
+            drafter's copy of the request is wrong), ``"vocab"`` (token ids outside the
+            model's vocabulary: a wrong namespace?) or ``"tree"`` (a parent after its child).
+    """
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    placed: np.ndarray
+    depths: np.ndarray
+    expected: np.ndarray
+    problems: list[tuple[int, str, str]]
+
+
+def pack_batch(
+    batch: DraftBatch,
+    num_slots: int,
+    roots: Sequence[int] | np.ndarray,
+    vocab_size: int,
+    rows: Sequence[int] | np.ndarray | None = None,
+) -> PackedSlots:
+    """A step's trees as SGLang's flat arrays, laid out and checked in native code.
+
+    Each tree is checked (its root ``-1`` or the request's last token, its ids below
+    ``vocab_size``, parents before children) on the nodes that fit; one that fails is laid
+    out root-only and named in ``problems``. Nodes are put level by level (a drafter may list
+    them best-first); a tree larger than ``num_slots - 1`` nodes keeps its first ones.
 
     Args:
-        parents: int array ``[bs, d]``; ``parents[b, i]`` is the slot of slot ``i``'s parent
-            (``-1`` for the root), and every parent precedes its child.
+        batch: the step's trees (an unknown root is ``-1``).
+        num_slots: ``d``, the slots per request (the root included), at least 1.
+        roots: each request's last token, for slot 0.
+        vocab_size: draft token ids must be below it.
+        rows: the tree of ``batch`` each request gets (``-1``: none, a root-only row); by
+            default tree ``i`` for request ``i``.
 
-    Returns:
-        bool array ``[bs, d, d]`` whose row ``i`` marks slot ``i`` and all its ancestors.
+    Raises:
+        InvalidArgumentError: ``num_slots`` < 1 or columns of the wrong lengths (naming the
+            field).
     """
-    bs, d = parents.shape
-    mask = np.zeros((bs, d, d), dtype=bool)
-    batch = np.arange(bs)[:, None].repeat(d, axis=1)
-    rows = np.broadcast_to(np.arange(d), (bs, d))
-    cur = rows.copy()
-    # One vectorised pass per tree level: mark the current ancestor, then climb one step.
-    while (live := cur >= 0).any():
-        mask[batch[live], rows[live], cur[live]] = True
-        cur = np.where(live, np.take_along_axis(parents, np.maximum(cur, 0), axis=1), -1)
-    return mask
+    if rows is None:
+        rows = np.arange(len(batch), dtype=np.int64)
+    return PackedSlots(
+        *_native.pack_slots(
+            np.ascontiguousarray(batch.roots, dtype=np.int64),
+            np.ascontiguousarray(batch.sizes, dtype=np.uint32),
+            np.ascontiguousarray(batch.tokens, dtype=np.int64),
+            np.ascontiguousarray(batch.parents, dtype=np.int32),
+            np.ascontiguousarray(batch.scores, dtype=np.float32),
+            np.ascontiguousarray(rows, dtype=np.int64),
+            np.ascontiguousarray(roots, dtype=np.int64),
+            num_slots,
+            vocab_size,
+        )
+    )
 
 
 def pack_trees(
@@ -68,12 +120,12 @@ def pack_trees(
     num_slots: int,
     roots: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Packs draft trees into SGLang's flat ``(tokens, mask)`` arrays (numpy only).
+    """Packs draft trees into SGLang's flat ``(tokens, mask)`` arrays.
 
-    The output is what ``NgramCorpus.batch_get`` returns: the root in slot 0, the nodes in BFS
-    order, padding token 0 under the root, and mask row ``i`` marking ``i`` and its ancestors.
-    A tree with more than ``num_slots - 1`` nodes is cut to its first ``num_slots - 1`` nodes,
-    which is still a tree because parents precede children.
+    The output is what ``NgramCorpus.batch_get`` returns: the root in slot 0, the nodes level
+    by level, padding token 0 under the root, and mask row ``i`` marking ``i`` and its
+    ancestors. A tree with more than ``num_slots - 1`` nodes is cut to its first
+    ``num_slots - 1`` nodes, which is still a tree because parents precede children.
 
     Args:
         trees: one tree per request.
@@ -85,30 +137,28 @@ def pack_trees(
         ``tokens``: int64 ``[bs * d]``; ``mask``: bool ``[bs * d * d]``.
 
     Raises:
-        InvalidArgumentError: ``num_slots`` < 1, ``roots`` of the wrong length, or a negative
-            root token.
+        InvalidArgumentError: ``num_slots`` < 1, ``roots`` of the wrong length, a negative
+            root token, or a tree whose parent follows its child.
     """
-    if num_slots < 1:
-        raise InvalidArgumentError(f"num_slots must be >= 1, got {num_slots}", field="num_slots")
     if roots is not None and len(roots) != len(trees):
         raise InvalidArgumentError(
             f"roots has {len(roots)} entries for {len(trees)} trees", field="roots"
         )
-    bs, d = len(trees), num_slots
-    tokens = np.zeros((bs, d), dtype=np.int64)
-    parents = np.zeros((bs, d), dtype=np.int64)  # padding hangs under the root (slot 0)
-    parents[:, 0] = -1
-    for b, tree in enumerate(trees):
-        root = tree.root if roots is None else int(roots[b])
+    batch = DraftBatch.from_trees(trees)
+    if roots is None:
+        roots = batch.roots
+    else:  # the given roots stand for the trees' own
+        batch.roots[:] = -1
+    for b, root in enumerate(roots):
         if root < 0:
             raise InvalidArgumentError(
                 f"tree {b} has no root token ({root}); pass roots=", field="roots"
             )
-        n = min(len(tree), d - 1)
-        tokens[b, 0] = root
-        tokens[b, 1 : n + 1] = tree.tokens[:n]
-        parents[b, 1 : n + 1] = np.asarray(tree.parents[:n], dtype=np.int64) + 1
-    return tokens.reshape(-1), ancestor_mask(parents).reshape(-1)
+    packed = pack_batch(batch, num_slots, roots, _ANY_TOKEN)
+    if packed.problems:
+        index, _, message = packed.problems[0]
+        raise InvalidArgumentError(f"tree {index}: {message}", field="trees")
+    return packed.tokens, packed.mask.astype(bool)
 
 
 def parents_from_mask(mask: np.ndarray) -> np.ndarray:
@@ -156,7 +206,13 @@ def unpack_tree(
     if not 0 <= n <= d - 1:
         raise InvalidArgumentError(f"num_nodes must be in [0, {d - 1}], got {n}", field="num_nodes")
     parents = parents_from_mask(m)
-    if not np.array_equal(ancestor_mask(parents[None])[0], m) or (parents[1:] < 0).any():
+    # An ancestor mask: row 0 is the root alone, every other row its parent's row (an
+    # earlier slot) plus itself.
+    expected = m[np.maximum(parents, 0)]
+    expected[0] = False
+    np.fill_diagonal(expected, True)
+    slots = np.arange(d)
+    if not np.array_equal(expected, m) or ((parents[1:] < 0) | (parents[1:] >= slots[1:])).any():
         raise InvalidArgumentError("mask is not the ancestor mask of a rooted tree", field="mask")
     return DraftTree(
         root=int(tok[0]),

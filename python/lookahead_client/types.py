@@ -9,6 +9,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .errors import InvalidArgumentError
+
 __all__ = ["DraftBatch", "DraftShape", "DraftTree", "Drafter", "EngineCost", "StepRequest"]
 
 
@@ -220,6 +222,31 @@ class DraftBatch:
         offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=offsets[1:])
         object.__setattr__(self, "offsets", offsets)
+
+    @classmethod
+    def from_trees(
+        cls, trees: Sequence[DraftTree], errors: dict[int, Exception] | None = None
+    ) -> DraftBatch:
+        """The batch of ``trees`` (a drafter that answers with :class:`DraftTree` objects),
+        with the dtypes of the native step: int64 roots and tokens, uint32 sizes, int32
+        parents, float32 scores.
+
+        Raises:
+            InvalidArgumentError: an item is not a :class:`DraftTree` (``field="trees"``).
+        """
+        for i, tree in enumerate(trees):
+            if not isinstance(tree, DraftTree):
+                raise InvalidArgumentError(
+                    f"trees[{i}] is a {type(tree).__name__}, not a DraftTree", field="trees"
+                )
+        return cls(
+            np.fromiter((t.root for t in trees), dtype=np.int64, count=len(trees)),
+            np.fromiter((len(t) for t in trees), dtype=np.uint32, count=len(trees)),
+            np.fromiter((x for t in trees for x in t.tokens), dtype=np.int64),
+            np.fromiter((x for t in trees for x in t.parents), dtype=np.int32),
+            np.fromiter((x for t in trees for x in t.scores), dtype=np.float32),
+            errors=dict(errors or {}),
+        )
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -21,8 +21,8 @@ Reported per workload and configuration: tokens/s, speed-up, identical outputs, 
 accept length (completion tokens / verify passes, the first token included) and what a decode
 step cost the scheduler: the draft preparation (``draft ms``: the corpus or drafter call,
 building SGLang's tree arrays), within it the corpus lookup (``corpus ms``: for lookahead the
-drafter call, its hand-off to the guard's thread and the deadline wait), the corpus insert
-after verification, and the whole step.
+request book, the drafter's step and laying its trees out in SGLang's arrays), the corpus
+insert after verification, and the whole step.
 
 SGLang verifies greedily on CPU (even at temperature > 0), so the benchmark is greedy only. On a
 machine without CUDA it loads SGLang's CPU stand-ins (``../shared/sglang-cpu``, or

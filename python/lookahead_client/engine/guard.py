@@ -3,7 +3,9 @@
 :class:`DraftGuard` runs each ``drafter.step`` on its own thread and waits at most a deadline.
 What can happen to a step:
 
-* it answers in time: its trees are used;
+* it answers in time: its trees are used, as one :class:`~lookahead_client.types.DraftBatch`
+  (a drafter with ``step_batch``, the embedded one, gives its columns as they are; trees of
+  other drafters are put into columns);
 * it raises: the step gets no trees (the caller falls back to root-only trees, i.e. plain
   decoding) and learns which requests' drafter state is in doubt;
 * it is late: the step gets no trees; the call goes on, and its outcome is handed back by
@@ -26,7 +28,8 @@ from typing import Any
 
 from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.types import Drafter, DraftTree, EngineCost, StepRequest
+from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.types import DraftBatch, Drafter, EngineCost, StepRequest
 
 __all__ = ["DraftGuard", "Outcome", "guard_for"]
 
@@ -42,15 +45,16 @@ class Outcome:
     """What became of one drafter step.
 
     Attributes:
-        trees: one tree per request when the drafter answered (possibly only partly, see
-            ``failed``); None when it raised without trees or is late.
+        batch: one tree per request when the drafter answered (possibly only partly, see
+            ``failed``: those have empty trees); None when it raised without trees or is
+            late.
         failed: indices of the requests whose drafter state is in doubt (None: all of them).
             Empty on success.
         late: the deadline passed; the call goes on and :meth:`DraftGuard.collect` reports it.
         error: why the step failed, for logs.
     """
 
-    trees: list[DraftTree] | None
+    batch: DraftBatch | None
     failed: frozenset[int] | None = frozenset()
     late: bool = False
     error: str | None = None
@@ -58,7 +62,7 @@ class Outcome:
     @property
     def ok(self) -> bool:
         """The drafter answered and accepted every request."""
-        return self.trees is not None and self.failed == frozenset()
+        return self.batch is not None and self.failed == frozenset()
 
 
 class _Call:
@@ -71,11 +75,15 @@ class _Call:
         self.token = token
         self.cost = cost
         self.done = threading.Event()
-        self.result: list[DraftTree] | None = None
+        self.result: Any = None
         self.error: BaseException | None = None
 
-    def step(self, drafter: Drafter) -> list[DraftTree]:
-        """The drafter's step (the cost only where there is one: baselines take none)."""
+    def step(self, drafter: Drafter) -> Any:
+        """The drafter's step: its columns where it gives them (``step_batch``), else its
+        trees (the cost only where there is one: baselines take none)."""
+        step_batch = getattr(drafter, "step_batch", None)
+        if step_batch is not None:
+            return step_batch(self.requests, self.cost)
         if self.cost is None:
             return drafter.step(self.requests)
         return drafter.step(self.requests, self.cost)
@@ -85,17 +93,30 @@ def _outcome_of(call: _Call) -> Outcome:
     """The outcome of a finished call."""
     n = len(call.requests)
     if call.error is None:
-        trees = call.result
-        if isinstance(trees, list) and len(trees) == n:
-            return Outcome(trees)
-        got = len(trees) if isinstance(trees, list) else type(trees).__name__
+        result = call.result
+        if isinstance(result, DraftBatch) and len(result) == n:
+            failed = frozenset(result.errors)
+            error = None
+            if failed:
+                first = result.errors[min(failed)]
+                error = f"{len(failed)} of {n} requests refused: {type(first).__name__}: {first}"
+            return Outcome(result, failed, error=error)
+        if isinstance(result, list) and len(result) == n:
+            try:
+                return Outcome(DraftBatch.from_trees(result))
+            except InvalidArgumentError as e:
+                return Outcome(None, None, error=str(e))
+        got = len(result) if isinstance(result, list | DraftBatch) else type(result).__name__
         return Outcome(None, None, error=f"the drafter returned {got} trees for {n} requests")
     error = call.error
     reason = f"{type(error).__name__}: {error}"
     # RemoteDrafter attaches the step's other trees and the refused request's index.
     trees, index = getattr(error, "trees", None), getattr(error, "index", None)
     if isinstance(trees, list) and len(trees) == n and isinstance(index, int) and 0 <= index < n:
-        return Outcome(trees, frozenset({index}), error=reason)
+        try:
+            return Outcome(DraftBatch.from_trees(trees), frozenset({index}), error=reason)
+        except InvalidArgumentError:
+            pass
     return Outcome(None, None, error=reason)
 
 
@@ -231,7 +252,7 @@ class DraftGuard:
 
     def _record(self, outcome: Outcome) -> None:
         """Counts the outcome and logs the transitions between answering and failing."""
-        if outcome.trees is not None:
+        if outcome.batch is not None:
             if not self._healthy:
                 self._healthy = True
                 _log.info(

@@ -22,17 +22,19 @@ from typing import Any
 
 import numpy as np
 
-from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
-from lookahead_client.engine.checks import tree_problem
-from lookahead_client.engine.guard import DraftGuard, Outcome
+from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.tree import pack_trees
-from lookahead_client.types import DraftTree
+from lookahead_client.tree import PackedSlots, pack_batch
+from lookahead_client.types import DraftBatch
 
 __all__ = ["DrafterCorpus", "Share", "StepContext", "broadcast_share"]
 
 _log = logging.getLogger("lookahead_client.sglang")
+
+#: A batch without trees, for steps where every request decodes plainly.
+_NO_TREES = DraftBatch.from_trees([])
 
 #: Moves one step's ``(tokens, mask)`` from the drafting rank to the others: called with the
 #: arrays on the drafting rank, with None on the others; returns the arrays on every rank.
@@ -78,15 +80,6 @@ class StepContext:
         self.reqs = reqs
         self.spliced = spliced
         self.stride = stride
-
-
-def _level_order(tree: DraftTree) -> DraftTree:
-    """The tree with its nodes level by level (SGLang's corpus layout); the order within a
-    level is kept. A drafter may list nodes best-first, which only puts parents first."""
-    depths = tree.depths()
-    if all(a <= b for a, b in zip(depths, depths[1:], strict=False)):
-        return tree
-    return tree.select(sorted(range(len(tree)), key=depths.__getitem__))
 
 
 class DrafterCorpus:
@@ -154,12 +147,16 @@ class DrafterCorpus:
         if self.guard is None:
             assert self._share is not None
             return self._share(None)
-        roots = [int(t[-1]) if len(t) else 0 for t in batch_tokens]
+        roots = np.fromiter(
+            (int(t[-1]) if len(t) else 0 for t in batch_tokens),
+            dtype=np.int64,
+            count=len(batch_tokens),
+        )
         try:
-            arrays = self._pack(self._draft(req_ids, batch_tokens, total_lens, roots), roots)
+            arrays = self._draft(req_ids, batch_tokens, total_lens, roots)
         except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
             self._warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
-            arrays = self._pack([DraftTree.empty()] * len(roots), roots)
+            arrays = self._root_only(roots)
         return self._share(arrays) if self._share is not None else arrays
 
     def batch_put(self, batch_tokens: Sequence[Sequence[int]]) -> None:
@@ -253,19 +250,17 @@ class DrafterCorpus:
         req_ids: Sequence[str],
         batch_tokens: Sequence[Sequence[int]],
         total_lens: Sequence[int],
-        roots: list[int],
-    ) -> list[DraftTree]:
-        """One tree per request; empty trees where there is no usable draft."""
+        roots: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The step's arrays: each request's tree, root-only where there is no usable draft."""
         guard = self.guard
         assert guard is not None
         self.steps += 1
-        bs = len(req_ids)
-        empty = [DraftTree.empty()] * bs
         for plan, outcome in guard.collect():
-            self._commit(plan, outcome)
+            self.book.commit(plan, outcome.failed)
         if not guard.ready:
             guard.skip()
-            return empty
+            return self._root_only(roots)
         views = self._views(req_ids, batch_tokens, total_lens)
         for i, view in enumerate(views):
             if view is None:
@@ -279,54 +274,48 @@ class DrafterCorpus:
         known = [i for i, v in enumerate(views) if v is not None]
         plan = self.book.plan([views[i] for i in known])
         if not plan.requests:
-            return empty
+            return self._root_only(roots)
         outcome = guard.run(plan.requests, token=plan)
         if outcome.late:
-            return empty
-        self._commit(plan, outcome)
-        if outcome.trees is None:
-            return empty
-        trees = list(empty)
+            return self._root_only(roots)
+        self.book.commit(plan, outcome.failed)
+        if outcome.batch is None:
+            return self._root_only(roots)
+        # The drafter's tree of each request of the batch (-1: none, a root-only row).
+        rows = np.full(len(roots), -1, dtype=np.int64)
+        failed = outcome.failed or frozenset()
         for j, i in enumerate(known):
             index = plan.live[j]
-            if index < 0 or (outcome.failed and index in outcome.failed):
-                self.book.fed(plan, j, -1)
-                continue
-            tree = self._checked(outcome.trees[index], roots[i], req_ids[i])
-            if tree is None:
+            if index >= 0 and index not in failed:
+                rows[i] = index
+        packed = self._pack(outcome.batch, roots, rows)
+        refused = set()
+        for i, kind, message in packed.problems:
+            refused.add(i)
+            self._warn(kind, "request %s: %s", req_ids[i], message)
+            if kind == "root":
+                self.book.resync(req_ids[i])  # the drafter's copy is wrong: start it again
+        for j, i in enumerate(known):
+            if rows[i] < 0 or i in refused:
                 self.book.fed(plan, j, -1)
             else:
-                self.book.fed(plan, j, tree.depth, float(sum(tree.scores)))
-            if tree is not None:
-                trees[i] = tree
-        return trees
+                self.book.fed(plan, j, int(packed.depths[i]), float(packed.expected[i]))
+        return packed.tokens, packed.mask
 
-    def _commit(self, plan: StepPlan, outcome: Outcome) -> None:
-        self.book.commit(plan, outcome.failed)
+    def _root_only(self, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Arrays with no draft for any request (plain decoding)."""
+        packed = self._pack(_NO_TREES, roots, np.full(len(roots), -1, dtype=np.int64))
+        return packed.tokens, packed.mask
 
-    def _checked(self, tree: DraftTree, root: int, rid: str) -> DraftTree | None:
-        """The tree if it can be fed to SGLang as it is, else None (root-only instead)."""
-        n = self.num_slots - 1
-        problem = tree_problem(tree, root, self.vocab_size, n)
-        if problem is not None:
-            kind, message = problem
-            self._warn(kind, "request %s: %s", rid, message)
-            if kind == "root":
-                self.book.resync(rid)  # the drafter's copy is wrong: start it again
-            return None
-        if n < len(tree):
-            tree = DraftTree(tree.root, tree.tokens[:n], tree.parents[:n], tree.scores[:n])
-        return _level_order(tree)
-
-    def _pack(self, trees: list[DraftTree], roots: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """SGLang's flat arrays, with the C++ corpus's dtypes (int64 tokens and mask)."""
-        tokens, mask = pack_trees(trees, self.num_slots, roots=roots)
-        nodes = sum(len(t) for t in trees)
-        drafted = sum(1 for t in trees if len(t))
-        self.draft_nodes += nodes
+    def _pack(self, batch: DraftBatch, roots: np.ndarray, rows: np.ndarray) -> PackedSlots:
+        """SGLang's flat arrays: request ``i`` gets tree ``rows[i]`` of ``batch`` (-1: none),
+        checked and laid out natively; counted."""
+        packed = pack_batch(batch, self.num_slots, roots, self.vocab_size, rows)
+        drafted = int(np.count_nonzero(packed.placed))
+        self.draft_nodes += int(packed.placed.sum())
         self.drafted_requests += drafted
-        self.fallback_requests += len(trees) - drafted
-        return tokens.astype(np.int64, copy=False), mask.astype(np.int64)
+        self.fallback_requests += len(roots) - drafted
+        return packed
 
     # -- observability ----------------------------------------------------------------------
 

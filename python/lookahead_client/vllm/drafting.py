@@ -135,7 +135,7 @@ class ChainDrafting:
         if outcome.late:
             return []
         self.book.commit(plan, outcome.failed)
-        if outcome.trees is None:
+        if outcome.batch is None:
             return []
         chains = []
         for j, row in enumerate(rows):
@@ -143,7 +143,7 @@ class ChainDrafting:
             if index < 0 or (outcome.failed and index in outcome.failed):
                 self.book.fed(plan, j, -1)
                 continue
-            chain = outcome.trees[index]
+            chain = outcome.batch.tree(index)
             problem = tree_problem(chain, int(row.output[-1]), self.vocab_size)
             if problem is not None:
                 kind, message = problem

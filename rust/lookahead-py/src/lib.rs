@@ -2,11 +2,12 @@
 //! conversion, GIL release around the core, and core errors turned into the typed exceptions
 //! of `lookahead_client.errors`.
 
+use lookahead_core::slots::{self, Placed, SlotTree};
 use lookahead_core::{
     CostCurve, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, Layout, StepCost,
     StepItem, Token,
 };
-use numpy::IntoPyArray;
+use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -336,6 +337,123 @@ impl NativeDrafter {
     }
 }
 
+/// Refuses columns whose lengths disagree, naming the field.
+fn same_length(py: Python<'_>, field: &str, len: usize, expected: usize) -> PyResult<()> {
+    if len == expected {
+        return Ok(());
+    }
+    let message = format!("{field} has {len} entries, expected {expected}");
+    Err(typed_error(py, "InvalidArgumentError", message, field))
+}
+
+/// The engine's arrays for one step, in the slot layout of tree verification
+/// (`lookahead_core::slots`): row `i` lays out tree `rows[i]` of the columns `roots`, `sizes`,
+/// `tokens`, `parents`, `scores` (those of `step`; `-1`: no tree, a root-only row) under the
+/// request's last token `expected_roots[i]`, in `num_slots` slots.
+///
+/// Returns `(tokens, mask, placed, depths, expected, problems)`: int64 `[n * num_slots]`,
+/// int64 `[n * num_slots * num_slots]`, per row the nodes placed and the levels they span
+/// (uint32 `[n]`) and the sum of the placed nodes' scores (float64 `[n]`), and
+/// `[(row, kind, message)]` for the trees laid out root-only because they failed a check.
+#[pyfunction]
+#[pyo3(signature = (roots, sizes, tokens, parents, scores, rows, expected_roots, num_slots, vocab_size))]
+#[allow(clippy::too_many_arguments)]
+fn pack_slots<'py>(
+    py: Python<'py>,
+    roots: PyReadonlyArray1<'py, i64>,
+    sizes: PyReadonlyArray1<'py, u32>,
+    tokens: PyReadonlyArray1<'py, i64>,
+    parents: PyReadonlyArray1<'py, i32>,
+    scores: PyReadonlyArray1<'py, f32>,
+    rows: PyReadonlyArray1<'py, i64>,
+    expected_roots: PyReadonlyArray1<'py, i64>,
+    num_slots: usize,
+    vocab_size: u32,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let (roots, sizes, tokens, parents, scores, rows, expected) = (
+        roots.as_slice()?,
+        sizes.as_slice()?,
+        tokens.as_slice()?,
+        parents.as_slice()?,
+        scores.as_slice()?,
+        rows.as_slice()?,
+        expected_roots.as_slice()?,
+    );
+    if num_slots == 0 {
+        let message = "num_slots must be >= 1, got 0".to_string();
+        return Err(typed_error(
+            py,
+            "InvalidArgumentError",
+            message,
+            "num_slots",
+        ));
+    }
+    same_length(py, "sizes", sizes.len(), roots.len())?;
+    same_length(py, "expected_roots", expected.len(), rows.len())?;
+    let mut starts = Vec::with_capacity(sizes.len() + 1);
+    starts.push(0usize);
+    for &size in sizes {
+        starts.push(starts[starts.len() - 1] + size as usize);
+    }
+    let nodes = starts[sizes.len()];
+    same_length(py, "tokens", tokens.len(), nodes)?;
+    same_length(py, "parents", parents.len(), nodes)?;
+    same_length(py, "scores", scores.len(), nodes)?;
+    if let Some(&row) = rows.iter().find(|&&r| r < -1 || r >= roots.len() as i64) {
+        let message = format!(
+            "rows holds {row}, not a tree of the {} given (or -1)",
+            roots.len()
+        );
+        return Err(typed_error(py, "InvalidArgumentError", message, "rows"));
+    }
+    let n = rows.len();
+    let mut out_tokens = vec![0i64; n * num_slots];
+    let mut out_mask = vec![0i64; n * num_slots * num_slots];
+    let (mut placed, mut depths, mut sums) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut problems = Vec::new();
+    let out_rows = out_tokens
+        .chunks_exact_mut(num_slots)
+        .zip(out_mask.chunks_exact_mut(num_slots * num_slots));
+    for (i, (row_tokens, row_mask)) in out_rows.enumerate() {
+        // Row -1 lays out an empty tree under an unknown root.
+        let (root, nodes) = match usize::try_from(rows[i]) {
+            Ok(tree) => (roots[tree], starts[tree]..starts[tree + 1]),
+            Err(_) => (-1, 0..0),
+        };
+        let tree = SlotTree {
+            root,
+            tokens: &tokens[nodes.clone()],
+            parents: &parents[nodes.clone()],
+        };
+        let row = slots::write_row(tree, expected[i], vocab_size, row_tokens, row_mask);
+        let done = row
+            .as_ref()
+            .copied()
+            .unwrap_or(Placed { nodes: 0, depth: 0 });
+        placed.push(done.nodes as u32);
+        depths.push(done.depth as u32);
+        // The kept nodes are the tree's first ones.
+        let kept = &scores[nodes][..done.nodes];
+        sums.push(kept.iter().map(|&s| f64::from(s)).sum::<f64>());
+        if let Err(e) = row {
+            problems.push((i, e.kind(), e.to_string()));
+        }
+    }
+    (
+        out_tokens.into_pyarray(py),
+        out_mask.into_pyarray(py),
+        placed.into_pyarray(py),
+        depths.into_pyarray(py),
+        sums.into_pyarray(py),
+        problems,
+    )
+        .into_pyobject(py)
+}
+
 /// Runs `lookahead-server` with a command line (`argv[0]` is the program name) until it shuts
 /// down, with the GIL released; SIGINT and SIGTERM are handled in Rust. Returns the exit
 /// status: 0 clean, 1 failure, 2 bad command line.
@@ -349,5 +467,6 @@ fn run_server(py: Python<'_>, argv: Vec<String>) -> u8 {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDrafter>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_slots, m)?)?;
     Ok(())
 }
