@@ -237,6 +237,18 @@ def test_guard_keeps_the_other_trees_when_one_request_is_refused():
     assert outcome.failed == frozenset({0}) and len(outcome.batch) == 2 and not outcome.ok
 
 
+def test_guard_keeps_the_embedded_drafters_other_trees_when_one_request_is_refused():
+    drafter = EmbeddedDrafter(vocab_size=100)
+    requests = [
+        StepRequest("a", prompt=[1, 2, 3, 1, 2], new_tokens=[3], budget=4),
+        StepRequest("b", prompt=[1, 2], new_tokens=[100], budget=4),  # outside the vocabulary
+    ]
+    outcome = DraftGuard(drafter, None).run(requests)
+    assert outcome.failed == frozenset({1}) and "InvalidArgumentError" in outcome.error
+    assert len(outcome.batch) == 2 and outcome.batch.tree(0).tokens[:2] == (1, 2)
+    assert len(outcome.batch.tree(1)) == 0
+
+
 def test_guard_treats_a_wrong_number_of_trees_as_a_failure():
     drafter = _Scripted()
     drafter.action = "short"
