@@ -21,8 +21,10 @@ df -Ph "$ROOT" | awk 'NR == 2 {print "disk: " $4 " free (the suite needs about 2
 step "python environment (.venv) with the package and every extra"
 # shellcheck source=scripts/venv_common.sh
 source scripts/venv_common.sh
-# Incremental compilation caches would only fill the disk on a one-off run.
+# Incremental compilation caches would only fill the disk on a one-off run, and full debug
+# info only slows the test builds' linking (line tables keep backtraces' file:line).
 export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 if [[ ! -x .venv/bin/python ]]; then
     "${PYTHON:-python3}" -m venv .venv
 fi

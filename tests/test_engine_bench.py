@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 
@@ -260,6 +261,32 @@ def test_engine_benches_refuse_bad_configurations_with_status_2(capsys):
     assert "unknown configuration bogus" in capsys.readouterr().err
     assert main(["vllm", "--workload", "w.jsonl", "--configs", "ngram:x"]) == 2
     assert "unknown configuration 'ngram:x'" in capsys.readouterr().err
+
+
+def test_a_server_configuration_without_a_server_binary_is_refused_up_front(
+    tmp_path, monkeypatch, capsys
+):
+    from lookahead_client.bench.cli import main
+
+    not_executable = tmp_path / "lookahead-server"
+    not_executable.write_text("")
+    monkeypatch.setenv("LOOKAHEAD_SERVER_BIN", str(not_executable))
+    for bench in ("sglang", "vllm"):
+        args = [bench, "--workload", "w.jsonl", "--configs", "plain,lookahead-server"]
+        assert main(args) == 2  # before the model, the workload or any trial
+        assert "configuration lookahead-server" in capsys.readouterr().err
+
+
+def test_the_server_binary_is_found_beside_the_interpreter_without_path(monkeypatch):
+    # ``.venv/bin/lookahead-bench`` run without .venv/bin on PATH (the project's environment
+    # has the console script).
+    from lookahead_client.processes.server import find_server_binary
+
+    monkeypatch.delenv("LOOKAHEAD_SERVER_BIN", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = find_server_binary()
+    assert found == os.path.join(sysconfig.get_path("scripts"), "lookahead-server")
+    assert os.access(found, os.X_OK)
 
 
 def test_an_interrupted_trial_takes_its_whole_session_down(tmp_path):

@@ -284,14 +284,33 @@ def test_guard_deadline_and_late_answer():
         ("namespace", ""),
         ("target", " "),
         ("max_ngram", 0),
+        # Refused by the core's own check (MAX_NGRAM_RANGE is 2..=64): a launcher used to
+        # pass it and every scheduler process fail on it.
+        ("max_ngram", 1),
+        ("max_ngram", 65),
+        ("max_ngram", "8"),
         ("min_score", 1.5),
+        ("min_score", -0.1),
         ("memory_budget_bytes", 0),
+        ("memory_budget_bytes", 1024),  # below the core's fixed tables
+        ("memory_budget_bytes", -1),
     ],
 )
 def test_config_names_the_bad_field(field, value):
     with pytest.raises(InvalidArgumentError) as e:
         LookaheadConfig(**{field: value})
     assert e.value.field == field
+
+
+def test_config_defaults_are_the_cores():
+    from lookahead_client._native import drafter_defaults
+
+    core = drafter_defaults()
+    assert core["min_score"] == 0.02  # the f32's decimal form, not 0.0199999...
+    config = LookaheadConfig()
+    for name in ("memory_budget_bytes", "max_ngram", "min_score", "chain"):
+        assert getattr(config, name) == core[name]
+    assert EmbeddedDrafter().config == core
 
 
 def test_config_round_trips_through_the_environment():

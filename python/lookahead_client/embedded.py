@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from lookahead_client._native import NativeDrafter
+from lookahead_client._native import NativeDrafter, drafter_defaults
 from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
-__all__ = ["EmbeddedDrafter"]
+__all__ = ["DRAFTER_DEFAULTS", "EmbeddedDrafter"]
+
+#: The core's default drafter settings (``DrafterConfig::default()`` in Rust), by field name:
+#: the defaults of :class:`EmbeddedDrafter` and of the engines' ``LookaheadConfig``.
+DRAFTER_DEFAULTS: dict[str, Any] = drafter_defaults()
 
 
 def _tree(raw: tuple[int, list[int], list[int], list[float]]) -> DraftTree:
@@ -38,13 +43,13 @@ class EmbeddedDrafter:
     def __init__(
         self,
         *,
-        memory_budget_bytes: int = 1 << 30,
-        max_ngram: int = 16,
-        max_budget: int = 64,
-        min_score: float = 0.02,
-        chain: bool = False,
-        vocab_size: int = 1 << 24,
-        max_request_tokens: int = 1 << 20,
+        memory_budget_bytes: int = DRAFTER_DEFAULTS["memory_budget_bytes"],
+        max_ngram: int = DRAFTER_DEFAULTS["max_ngram"],
+        max_budget: int = DRAFTER_DEFAULTS["max_budget"],
+        min_score: float = DRAFTER_DEFAULTS["min_score"],
+        chain: bool = DRAFTER_DEFAULTS["chain"],
+        vocab_size: int = DRAFTER_DEFAULTS["vocab_size"],
+        max_request_tokens: int = DRAFTER_DEFAULTS["max_request_tokens"],
     ) -> None:
         self._config = {
             "memory_budget_bytes": memory_budget_bytes,

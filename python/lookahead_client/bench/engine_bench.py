@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_child, speedups
 
 __all__ = [
@@ -454,6 +455,24 @@ def run_trial_process(
         with ServerProcess(tcp=False) as server:
             run_child(command, {**env, **server_env(server.unix_target)}, trial)
     return json.loads(out_file.read_text())
+
+
+def check_server_binary(configs: Sequence[str]) -> None:
+    """Refuses a ``lookahead-server`` configuration without a server binary before any trial
+    runs (rather than after the trials before it).
+
+    Raises:
+        InvalidArgumentError: no binary (``field="configs"``; the message says how to get one).
+    """
+    if "lookahead-server" not in configs:
+        return
+    from lookahead_client.processes.server import find_server_binary
+
+    try:
+        find_server_binary()
+    except FileNotFoundError as e:
+        message = f"configuration lookahead-server: {e}"
+        raise InvalidArgumentError(message, field="configs") from None
 
 
 def config_names(text: str) -> list[str]:

@@ -52,6 +52,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    check_server_binary,
     config_names,
     delta,
     ensure_model,
@@ -384,6 +385,7 @@ def run_sglang(args: argparse.Namespace) -> int:
             f"unknown configuration {', '.join(unknown)}; known: {', '.join(CONFIGS)}",
             field="configs",
         )
+    check_server_binary(configs)
     if args.draft_tokens < 2:
         raise InvalidArgumentError(
             f"--draft-tokens counts the root: at least 2, got {args.draft_tokens}",

@@ -45,6 +45,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    check_server_binary,
     config_names,
     delta,
     ensure_model,
@@ -342,6 +343,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     configs = config_names(args.configs)
     for c in configs:
         speculative_config(c, args.k)  # refuses an unknown name before anything starts
+    check_server_binary(configs)
     trials = schedule(configs, args.rounds)
     samples = _samples(args.n)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())

@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from lookahead_client._native import check_drafter_config
+from lookahead_client.embedded import DRAFTER_DEFAULTS
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import Drafter
 
@@ -21,13 +23,6 @@ __all__ = ["SGLANG_ENV", "VLLM_ENV", "LookaheadConfig"]
 SGLANG_ENV = "LOOKAHEAD_SGLANG"
 #: The environment variable that configures vLLM's ``LookaheadProposer`` (JSON).
 VLLM_ENV = "LOOKAHEAD_VLLM"
-
-# The embedded drafter's default token-id bound; a model with a larger vocabulary raises it.
-_DEFAULT_VOCAB_BOUND = 1 << 24
-# The embedded drafter's default request-length bound; a longer context raises it.
-_DEFAULT_REQUEST_BOUND = 1 << 20
-# The smallest draft budget the embedded drafter is built for (SGLang asks for num_slots - 1).
-_MIN_MAX_BUDGET = 64
 
 
 @dataclass(frozen=True)
@@ -57,10 +52,10 @@ class LookaheadConfig:
     target: str | None = None
     namespace: str = "default"
     timeout: float = 0.05
-    memory_budget_bytes: int = 1 << 30
-    max_ngram: int = 16
-    min_score: float = 0.02
-    chain: bool = False
+    memory_budget_bytes: int = DRAFTER_DEFAULTS["memory_budget_bytes"]
+    max_ngram: int = DRAFTER_DEFAULTS["max_ngram"]
+    min_score: float = DRAFTER_DEFAULTS["min_score"]
+    chain: bool = DRAFTER_DEFAULTS["chain"]
     sizing: bool = True
     token: str | None = field(default=None, repr=False)
 
@@ -73,19 +68,19 @@ class LookaheadConfig:
             raise InvalidArgumentError(
                 f"timeout must be > 0 seconds, got {self.timeout}", field="timeout"
             )
-        if self.memory_budget_bytes <= 0:
-            raise InvalidArgumentError(
-                f"memory_budget_bytes must be > 0, got {self.memory_budget_bytes}",
-                field="memory_budget_bytes",
-            )
-        if self.max_ngram < 1:
-            raise InvalidArgumentError(
-                f"max_ngram must be >= 1, got {self.max_ngram}", field="max_ngram"
-            )
-        if not 0.0 <= self.min_score < 1.0:
-            raise InvalidArgumentError(
-                f"min_score must be in [0, 1), got {self.min_score}", field="min_score"
-            )
+        # The embedded drafter's settings are checked by the core itself (one home of the
+        # ranges): a config the scheduler processes would refuse fails here, at launch.
+        for name, kind in (("memory_budget_bytes", int), ("max_ngram", int), ("min_score", float)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | kind) or value < 0:
+                raise InvalidArgumentError(
+                    f"{name} must be a non-negative {kind.__name__}, got {value!r}", field=name
+                )
+        check_drafter_config(
+            memory_budget_bytes=self.memory_budget_bytes,
+            max_ngram=self.max_ngram,
+            min_score=self.min_score,
+        )
 
     @property
     def embedded(self) -> bool:
@@ -114,11 +109,15 @@ class LookaheadConfig:
             return EmbeddedDrafter(
                 memory_budget_bytes=self.memory_budget_bytes,
                 max_ngram=self.max_ngram,
-                max_budget=max(_MIN_MAX_BUDGET, num_slots - 1),
+                # The core's defaults are floors: a model's vocabulary, context or slots
+                # raise them.
+                max_budget=max(DRAFTER_DEFAULTS["max_budget"], num_slots - 1),
                 min_score=self.min_score,
                 chain=self.chain,
-                vocab_size=max(_DEFAULT_VOCAB_BOUND, vocab_size),
-                max_request_tokens=max(_DEFAULT_REQUEST_BOUND, context_len + num_slots),
+                vocab_size=max(DRAFTER_DEFAULTS["vocab_size"], vocab_size),
+                max_request_tokens=max(
+                    DRAFTER_DEFAULTS["max_request_tokens"], context_len + num_slots
+                ),
             )
         from lookahead_client.remote import RemoteDrafter
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,7 +37,12 @@ def find_server_binary() -> str:
     return find_binary(
         "lookahead-server",
         "LOOKAHEAD_SERVER_BIN",
-        fallbacks=[str(_REPO_ROOT / "target" / "release" / "lookahead-server")],
+        fallbacks=[
+            # The console script beside this interpreter (``.venv/bin/lookahead-bench`` run
+            # without the environment's bin folder on PATH), then a source checkout's build.
+            str(Path(sysconfig.get_path("scripts")) / "lookahead-server"),
+            str(_REPO_ROOT / "target" / "release" / "lookahead-server"),
+        ],
         hint="set LOOKAHEAD_SERVER_BIN, install the package (console script lookahead-server), "
         "or run `cargo build --release -p lookahead-server`",
     )

@@ -4,8 +4,8 @@
 
 use lookahead_core::slots::{self, Placed, SlotTree};
 use lookahead_core::{
-    CostCurve, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, Layout, StepCost,
-    StepItem, Token,
+    ConfigError, CostCurve, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, Layout,
+    StepCost, StepItem, Token,
 };
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
@@ -157,6 +157,90 @@ impl Columns {
     }
 }
 
+/// A config error as `InvalidArgumentError` naming the field.
+fn config_error(py: Python<'_>, err: &ConfigError) -> PyErr {
+    let ConfigError::OutOfRange { field, .. } = err;
+    typed_error(py, "InvalidArgumentError", err.to_string(), field)
+}
+
+/// Drafter settings from Python: each `None` is the core's default.
+struct Settings {
+    memory_budget_bytes: Option<usize>,
+    max_ngram: Option<usize>,
+    max_budget: Option<usize>,
+    min_score: Option<f32>,
+    chain: Option<bool>,
+    vocab_size: Option<u32>,
+    max_request_tokens: Option<usize>,
+}
+
+impl Settings {
+    /// The core's config, checked by the core (the one home of the ranges).
+    fn config(self, py: Python<'_>) -> PyResult<DrafterConfig> {
+        let d = DrafterConfig::default();
+        let config = DrafterConfig {
+            memory_budget_bytes: self.memory_budget_bytes.unwrap_or(d.memory_budget_bytes),
+            max_ngram: self.max_ngram.unwrap_or(d.max_ngram),
+            max_budget: self.max_budget.unwrap_or(d.max_budget),
+            min_score: self.min_score.unwrap_or(d.min_score),
+            chain: self.chain.unwrap_or(d.chain),
+            vocab_size: self.vocab_size.unwrap_or(d.vocab_size),
+            max_request_tokens: self.max_request_tokens.unwrap_or(d.max_request_tokens),
+            ..d
+        };
+        config.validate().map_err(|e| config_error(py, &e))?;
+        Ok(config)
+    }
+}
+
+/// The core's default drafter settings (`DrafterConfig::default()`), by field name.
+#[pyfunction]
+fn drafter_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = DrafterConfig::default();
+    let out = PyDict::new(py);
+    out.set_item("memory_budget_bytes", d.memory_budget_bytes)?;
+    out.set_item("max_ngram", d.max_ngram)?;
+    out.set_item("max_budget", d.max_budget)?;
+    // The f32's shortest decimal form (0.02, not 0.019999999552965164).
+    let min_score: f64 = d
+        .min_score
+        .to_string()
+        .parse()
+        .unwrap_or(f64::from(d.min_score));
+    out.set_item("min_score", min_score)?;
+    out.set_item("chain", d.chain)?;
+    out.set_item("vocab_size", d.vocab_size)?;
+    out.set_item("max_request_tokens", d.max_request_tokens)?;
+    Ok(out)
+}
+
+/// Checks drafter settings as the core does (each `None`: the core's default); raises
+/// `InvalidArgumentError` naming the first field out of range.
+#[pyfunction]
+#[pyo3(signature = (memory_budget_bytes=None, max_ngram=None, max_budget=None, min_score=None, chain=None, vocab_size=None, max_request_tokens=None))]
+#[allow(clippy::too_many_arguments)]
+fn check_drafter_config(
+    py: Python<'_>,
+    memory_budget_bytes: Option<usize>,
+    max_ngram: Option<usize>,
+    max_budget: Option<usize>,
+    min_score: Option<f32>,
+    chain: Option<bool>,
+    vocab_size: Option<u32>,
+    max_request_tokens: Option<usize>,
+) -> PyResult<()> {
+    let settings = Settings {
+        memory_budget_bytes,
+        max_ngram,
+        max_budget,
+        min_score,
+        chain,
+        vocab_size,
+        max_request_tokens,
+    };
+    settings.config(py).map(|_| ())
+}
+
 /// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
 #[pyclass(module = "lookahead_client._native", frozen)]
 struct NativeDrafter {
@@ -165,20 +249,21 @@ struct NativeDrafter {
 
 #[pymethods]
 impl NativeDrafter {
+    /// A drafter with the given settings; each `None` is the core's default.
     #[new]
-    #[pyo3(signature = (memory_budget_bytes, max_ngram, max_budget, min_score, chain, vocab_size, max_request_tokens))]
+    #[pyo3(signature = (memory_budget_bytes=None, max_ngram=None, max_budget=None, min_score=None, chain=None, vocab_size=None, max_request_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        memory_budget_bytes: usize,
-        max_ngram: usize,
-        max_budget: usize,
-        min_score: f32,
-        chain: bool,
-        vocab_size: u32,
-        max_request_tokens: usize,
+        memory_budget_bytes: Option<usize>,
+        max_ngram: Option<usize>,
+        max_budget: Option<usize>,
+        min_score: Option<f32>,
+        chain: Option<bool>,
+        vocab_size: Option<u32>,
+        max_request_tokens: Option<usize>,
     ) -> PyResult<Self> {
-        let config = DrafterConfig {
+        let settings = Settings {
             memory_budget_bytes,
             max_ngram,
             max_budget,
@@ -186,14 +271,11 @@ impl NativeDrafter {
             chain,
             vocab_size,
             max_request_tokens,
-            ..DrafterConfig::default()
         };
+        let config = settings.config(py)?;
         Drafter::new(config)
             .map(|inner| Self { inner })
-            .map_err(|e| {
-                let lookahead_core::ConfigError::OutOfRange { field, .. } = &e;
-                typed_error(py, "InvalidArgumentError", e.to_string(), field)
-            })
+            .map_err(|e| config_error(py, &e))
     }
 
     fn start(&self, py: Python<'_>, request_id: &str, prompt: Vec<i64>) -> PyResult<()> {
@@ -468,5 +550,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeDrafter>()?;
     m.add_function(wrap_pyfunction!(run_server, m)?)?;
     m.add_function(wrap_pyfunction!(pack_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(drafter_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(check_drafter_config, m)?)?;
     Ok(())
 }
