@@ -1,6 +1,7 @@
 """Type stubs of the native module (Rust, PyO3). Use the wrappers in lookahead_client."""
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,13 +33,13 @@ class NativeDrafter:
 
     def __init__(
         self,
-        memory_budget_bytes: int,
-        max_ngram: int,
-        max_budget: int,
-        min_score: float,
-        chain: bool,
-        vocab_size: int,
-        max_request_tokens: int,
+        memory_budget_bytes: int | None = None,
+        max_ngram: int | None = None,
+        max_budget: int | None = None,
+        min_score: float | None = None,
+        chain: bool | None = None,
+        vocab_size: int | None = None,
+        max_request_tokens: int | None = None,
     ) -> None: ...
     def start(self, request_id: str, prompt: Sequence[int]) -> None: ...
     def append(self, request_id: str, new_tokens: Sequence[int]) -> None: ...
@@ -64,3 +65,18 @@ def pack_slots(
 ) -> _Slots:
     """A step's trees in the slot layout of tree verification; see
     ``lookahead_client.tree.pack_batch``."""
+
+def drafter_defaults() -> dict[str, Any]:
+    """The core's default drafter settings (``DrafterConfig::default()``), by field name."""
+
+def check_drafter_config(
+    memory_budget_bytes: int | None = None,
+    max_ngram: int | None = None,
+    max_budget: int | None = None,
+    min_score: float | None = None,
+    chain: bool | None = None,
+    vocab_size: int | None = None,
+    max_request_tokens: int | None = None,
+) -> None:
+    """Checks drafter settings as the core does (None: the core's default); raises
+    ``InvalidArgumentError`` naming the first field out of range."""
