@@ -249,6 +249,23 @@ def test_guard_keeps_the_embedded_drafters_other_trees_when_one_request_is_refus
     assert len(outcome.batch.tree(1)) == 0
 
 
+def test_guard_calls_a_wrappers_own_step_not_the_inner_drafters_step_batch():
+    class Wrapper:  # instruments step, hands everything else to the drafter
+        def __init__(self, drafter):
+            self.drafter, self.calls = drafter, 0
+
+        def step(self, requests, cost=None):
+            self.calls += 1
+            return self.drafter.step(requests, cost)
+
+        def __getattr__(self, name):
+            return getattr(self.drafter, name)
+
+    wrapper = Wrapper(EmbeddedDrafter(vocab_size=100))
+    outcome = DraftGuard(wrapper, None).run([StepRequest("a", prompt=[1, 2, 1], new_tokens=[2])])
+    assert outcome.ok and wrapper.calls == 1
+
+
 def test_guard_treats_a_wrong_number_of_trees_as_a_failure():
     drafter = _Scripted()
     drafter.action = "short"

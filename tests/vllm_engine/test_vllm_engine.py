@@ -32,7 +32,7 @@ class Recording:
         self.fed: dict[str, list[int]] = {}
         self.ended: set[str] = set()
 
-    def step(self, requests, cost=None):
+    def _record(self, requests) -> None:
         for r in requests:
             seq = self.fed.setdefault(r.request_id, [])
             if r.prompt is not None:
@@ -41,7 +41,14 @@ class Recording:
             seq.extend(r.new_tokens)
             if r.finished:
                 self.ended.add(r.request_id)
+
+    def step(self, requests, cost=None):
+        self._record(requests)
         return self.drafter.step(requests, cost)
+
+    def step_batch(self, requests, cost=None):  # what the guard calls on the embedded drafter
+        self._record(requests)
+        return self.drafter.step_batch(requests, cost)
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)

@@ -81,12 +81,23 @@ class _Call:
     def step(self, drafter: Drafter) -> Any:
         """The drafter's step: its columns where it gives them (``step_batch``), else its
         trees (the cost only where there is one: baselines take none)."""
-        step_batch = getattr(drafter, "step_batch", None)
-        if step_batch is not None:
-            return step_batch(self.requests, self.cost)
+        if _has_own_step_batch(drafter):
+            return drafter.step_batch(self.requests, self.cost)  # type: ignore[attr-defined]
         if self.cost is None:
             return drafter.step(self.requests)
         return drafter.step(self.requests, self.cost)
+
+
+def _has_own_step_batch(drafter: Drafter) -> bool:
+    """Whether ``step_batch`` comes with the drafter's ``step`` (from the class that defines
+    ``step``, or below it): a wrapper that overrides ``step`` and hands other attributes to an
+    inner drafter must be called through its ``step``."""
+    for cls in type(drafter).__mro__:
+        if "step_batch" in vars(cls):
+            return True
+        if "step" in vars(cls):
+            return False
+    return False
 
 
 def _outcome_of(call: _Call) -> Outcome:
