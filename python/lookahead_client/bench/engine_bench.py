@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_child, speedups
+from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_children, speedups
 
 __all__ = [
     "Column",
@@ -30,6 +31,7 @@ __all__ = [
     "config_names",
     "cell",
     "run_trial_process",
+    "run_trial_processes",
     "sum_counters",
     "delta",
     "ensure_model",
@@ -42,6 +44,7 @@ __all__ = [
     "summarise",
     "versus",
     "workload_prompt_sets",
+    "workload_prompts_by_stem",
 ]
 
 
@@ -64,6 +67,25 @@ def ensure_model(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
+def workload_prompts_by_stem(
+    workloads: Sequence[str], folder: pathlib.Path, max_tokens: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per workload (by file stem), its prompts re-encoded for the model in ``folder``, in
+    file order: ``id``, ``group``, ``half`` (A/B: alternate prompt groups) and ``ids``."""
+    from transformers import AutoTokenizer
+
+    from lookahead_client.hf_bench import workload_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return {
+        pathlib.Path(path).stem: [
+            {"id": p.id, "group": p.group, "half": p.half, "ids": p.ids}
+            for p in workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens)
+        ]
+        for path in workloads
+    }
+
+
 def workload_prompt_sets(
     workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_tokens: int
 ):
@@ -71,21 +93,16 @@ def workload_prompt_sets(
     model in ``folder``: ``batch1``, the first ``per_half`` of each half (A/B: alternate prompt
     groups), generated one by one; ``batch``, the next ``per_half`` of each, generated at once
     (a pass must not regenerate what the drafters saw the other pass generate)."""
-    from transformers import AutoTokenizer
-
-    from lookahead_client.hf_bench import workload_prompts
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
     out = {}
-    for path in workloads:
+    for stem, prompts in workload_prompts_by_stem(workloads, folder, max_tokens).items():
         seen: set[tuple[int, ...]] = set()
         halves: dict[str, list] = {"A": [], "B": []}
-        for p in workload_prompts(path, tokenizer, max_prompt_tokens=max_tokens):
-            key = tuple(p.ids)  # rollout files repeat each prompt once per sample
-            if key not in seen and len(halves[p.half]) < 2 * per_half:
+        for p in prompts:
+            key = tuple(p["ids"])  # rollout files repeat each prompt once per sample
+            if key not in seen and len(halves[p["half"]]) < 2 * per_half:
                 seen.add(key)
-                halves[p.half].append({"id": p.id, "group": p.group, "half": p.half, "ids": p.ids})
-        out[pathlib.Path(path).stem] = {
+                halves[p["half"]].append(p)
+        out[stem] = {
             "batch1": halves["A"][:per_half] + halves["B"][:per_half],
             "batch": halves["A"][per_half:] + halves["B"][per_half:],
         }
@@ -443,18 +460,44 @@ def run_trial_process(
             socket runs for the trial, and this gives the variables that point the engine at
             its address.
     """
-    spec_file = pathlib.Path(tmp, f"r{trial.round}-{trial.config.replace(':', '-')}.json")
-    out_file = spec_file.with_suffix(".out.json")
-    spec_file.write_text(json.dumps({**spec, "name": trial.config, "out": str(out_file)}))
-    command = [sys.executable, "-m", module, "--child", str(spec_file)]
+    return run_trial_processes(module, trial, spec, env, tmp, server_env=server_env)[0]
+
+
+def run_trial_processes(
+    module: str,
+    trial: Trial,
+    spec: dict[str, Any],
+    env: dict[str, str],
+    tmp: str,
+    *,
+    server_env: Callable[[str], dict[str, str]] | None = None,
+    engines: int = 1,
+) -> list[dict[str, Any]]:
+    """:func:`run_trial_process` with ``engines`` processes at once, one engine each
+    (``engine``, ``engines`` and a ``barrier`` folder added to each one's spec, the cores
+    shared out between them, one server for all); returns each one's result."""
+    stem = pathlib.Path(tmp, f"r{trial.round}-{trial.config.replace(':', '-')}")
+    outs = [stem.with_name(f"{stem.name}-e{e}.out.json") for e in range(engines)]
+    commands = []
+    for e, out in enumerate(outs):
+        spec_file = out.with_name(f"{stem.name}-e{e}.json")
+        own = {**spec, "name": trial.config, "out": str(out)}
+        if engines > 1:
+            own.update(engine=e, engines=engines, barrier=str(stem.with_suffix(".barrier")))
+        spec_file.write_text(json.dumps(own))
+        commands.append([sys.executable, "-m", module, "--child", str(spec_file)])
+    if engines > 1:
+        # More threads than cores makes engines side by side spin and wait at every step.
+        env = {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // engines))}
     if server_env is None:
-        run_child(command, env, trial)
+        run_children([(c, env) for c in commands], trial)
     else:
         from lookahead_client.processes.server import ServerProcess
 
         with ServerProcess(tcp=False) as server:
-            run_child(command, {**env, **server_env(server.unix_target)}, trial)
-    return json.loads(out_file.read_text())
+            served = {**env, **server_env(server.unix_target)}
+            run_children([(c, served) for c in commands], trial)
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def check_server_binary(configs: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import resource
 import signal
 import statistics
@@ -44,6 +45,7 @@ __all__ = [
     "compare",
     "rotated",
     "run_child",
+    "run_children",
     "run_rounds",
     "schedule",
     "speedups",
@@ -248,54 +250,81 @@ class TrialError(RuntimeError):
 
 
 def run_child(command: Sequence[str], env: Mapping[str, str], trial: Trial) -> None:
-    """Runs one trial's process with its output in a log file, so that engines' start-up
-    noise stays off the progress bar.
+    """Runs one trial's process; :func:`run_children` with one."""
+    run_children([(command, env)], trial)
 
-    The process runs in a session of its own, killed whole (the engine's own processes too)
-    if the benchmark is interrupted or terminated while it runs.
+
+def run_children(children: Sequence[tuple[Sequence[str], Mapping[str, str]]], trial: Trial) -> None:
+    """Runs a trial's processes side by side (several engines at once), each with its output
+    in a log file of its own, so that engines' start-up noise stays off the progress bar.
+
+    Each process runs in a session of its own, killed whole (the engine's own processes too)
+    if the benchmark is interrupted or terminated, or as soon as another of the trial's
+    processes fails (an engine waiting for its sibling would wait for nothing).
+
+    Args:
+        children: each process's command and environment.
 
     Raises:
-        TrialError: the process exited with an error (naming the trial, the log's last
-            lines and where the whole log is).
+        TrialError: a process exited with an error (naming the trial, the log's last lines
+            and where the whole log is).
     """
-    with tempfile.NamedTemporaryFile(
-        "w+", prefix=f"lookahead-bench-r{trial.round}-", suffix=".log", delete=False
-    ) as log:
-        child = subprocess.Popen(
-            list(command),
-            env=dict(env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+    logs = [
+        tempfile.NamedTemporaryFile(
+            "w+", prefix=f"lookahead-bench-r{trial.round}-", suffix=".log", delete=False
         )
-        previous = signal.signal(signal.SIGTERM, _terminated)
-        try:
-            status = _wait(child)
-        except BaseException:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if status == 0:
+        for _ in children
+    ]
+    procs: list[subprocess.Popen] = []
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for (command, env), log in zip(children, logs, strict=True):
+            procs.append(
+                subprocess.Popen(
+                    list(command),
+                    env=dict(env),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        failed = _first_failure(procs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for child in procs:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        for log in logs:
+            log.close()
+    if failed is None:
+        for log in logs:
             os.unlink(log.name)
-            return
-        log.seek(0)
-        tail = "".join(log.readlines()[-30:])
+        return
+    index, status = failed
+    lines = pathlib.Path(logs[index].name).read_text(errors="replace").splitlines(keepends=True)
+    which = f" (process {index + 1} of {len(children)})" if len(children) > 1 else ""
     raise TrialError(
-        f"{trial.config} failed in round {trial.round + 1} (exit status {status}); "
-        f"the last lines of its log ({log.name}):\n{tail}"
+        f"{trial.config} failed in round {trial.round + 1}{which} (exit status {status}); "
+        f"the last lines of its log ({logs[index].name}):\n{''.join(lines[-30:])}"
     )
 
 
-def _wait(child: subprocess.Popen) -> int:
-    """The child's exit status; waits in short slices, so that a signal's handler runs in
-    this (the main) thread however the signal was delivered."""
+def _first_failure(procs: Sequence[subprocess.Popen]) -> tuple[int, int] | None:
+    """Waits for every process, in short slices so that a signal's handler runs in this (the
+    main) thread however the signal was delivered; returns the index and exit status of the
+    first to fail (the others are left running for the caller to kill), or None."""
     while True:
-        try:
-            return child.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            continue
+        running = False
+        for index, child in enumerate(procs):
+            status = child.poll()
+            if status is None:
+                running = True
+            elif status != 0:
+                return index, status
+        if not running:
+            return None
+        time.sleep(0.2)
 
 
 def _terminated(signum: int, frame: Any) -> None:

@@ -17,6 +17,13 @@ prompt, then other prompts all at once (the full batch). The run is made of roun
 rotated each round; speed-ups are against ``plain`` in the same round (median [min-max]);
 lookahead is ahead of SGLang's corpus only when it is ahead in every round.
 
+With ``--engines N`` (N >= 2) every configuration runs as N engines at once, each on its share
+of the cores, on traffic where one engine's text can help another (:mod:`.sharing`: the prompts
+of a workload group split over the engines, every prompt repeated on another engine): each
+engine has its own drafter (SGLang's corpus, lookahead embedded) or, for ``lookahead-server``,
+one server drafts for all. Every request is generated alone and timed alone; the figures are
+given per kind of request (``WORKLOAD/new``, ``/sibling``, ``/repeat``).
+
 Reported per workload and configuration: tokens/s, speed-up, identical outputs, SGLang's
 accept length (completion tokens / verify passes, the first token included) and what a decode
 step cost the scheduler: the draft preparation (``draft ms``: the corpus or drafter call,
@@ -57,11 +64,13 @@ from .engine_bench import (
     delta,
     ensure_model,
     report,
-    run_trial_process,
+    run_trial_processes,
     sum_counters,
     workload_prompt_sets,
+    workload_prompts_by_stem,
 )
 from .rounds import Trial, run_rounds, schedule
+from .sharing import KINDS, SlotBarrier, merge_engine_results, pick_groups, plan_traffic
 
 __all__ = ["CONFIGS", "add_sglang_parser", "find_cpu_standins", "per_step_figures", "run_sglang"]
 
@@ -227,6 +236,21 @@ def _spec_counts(outputs: Sequence[dict]) -> dict[str, float]:
     }
 
 
+def _timed_request(engine: Any, prompt: dict[str, Any], params: dict[str, Any]):
+    """Generates one prompt alone: its record (the layout of :mod:`.engine_bench`) and
+    SGLang's output."""
+    t = time.perf_counter()
+    out = engine.generate(input_ids=[prompt["ids"]], sampling_params=params)
+    record = {
+        "id": prompt["id"],
+        "half": prompt["half"],
+        "seconds": time.perf_counter() - t,
+        "tokens": len(out[0]["output_ids"]),
+        "outputs": [out[0]["output_ids"]],
+    }
+    return record, out
+
+
 def _child(spec_path: str) -> int:
     """Runs one configuration over every workload; writes its JSON next to the spec."""
     spec = json.loads(pathlib.Path(spec_path).read_text())
@@ -239,40 +263,75 @@ def _child(spec_path: str) -> int:
         engine.generate(
             input_ids=[list(range(1000, 1064))], sampling_params={**params, "max_new_tokens": 8}
         )
-        for workload, sets in spec["prompts"].items():
-            row: dict[str, Any] = {"n": 1, "temperature": 0.0, "prompts": []}
-            before = _counters(engine)
-            metas_b1 = []
-            for p in sets["batch1"]:
-                t = time.perf_counter()
-                out = engine.generate(input_ids=[p["ids"]], sampling_params=params)
-                seconds = time.perf_counter() - t
-                metas_b1 += out
-                row["prompts"].append(
-                    {
-                        "id": p["id"],
-                        "half": p["half"],
-                        "seconds": seconds,
-                        "tokens": len(out[0]["output_ids"]),
-                        "outputs": [out[0]["output_ids"]],
-                    }
-                )
-            middle = _counters(engine)
-            batch = [p["ids"] for p in sets["batch"]]
-            t = time.perf_counter()
-            out = engine.generate(input_ids=batch, sampling_params=params) if batch else []
-            row["batch"] = {
-                "seconds": time.perf_counter() - t,
-                "tokens": sum(len(o["output_ids"]) for o in out),
-                "outputs": [[o["output_ids"]] for o in out],
+        if "engines" in spec:
+            result["workloads"] = _engine_traffic(engine, spec, params)
+        else:
+            result["workloads"] = {
+                w: _passes(engine, sets, params) for w, sets in spec["prompts"].items()
             }
-            row["counters_batch1"] = {**delta(middle, before), **_spec_counts(metas_b1)}
-            row["counters_batch"] = {**delta(_counters(engine), middle), **_spec_counts(out)}
-            result["workloads"][workload] = row
     finally:
         engine.shutdown()
     pathlib.Path(spec["out"]).write_text(json.dumps(result))
     return 0
+
+
+def _passes(engine: Any, sets: dict[str, list], params: dict[str, Any]) -> dict[str, Any]:
+    """A workload's two passes on one engine: its batch-1 prompts one by one, then the
+    others at once."""
+    row: dict[str, Any] = {"n": 1, "temperature": 0.0, "prompts": []}
+    before = _counters(engine)
+    metas_b1 = []
+    for p in sets["batch1"]:
+        record, out = _timed_request(engine, p, params)
+        row["prompts"].append(record)
+        metas_b1 += out
+    middle = _counters(engine)
+    batch = [p["ids"] for p in sets["batch"]]
+    t = time.perf_counter()
+    out = engine.generate(input_ids=batch, sampling_params=params) if batch else []
+    row["batch"] = {
+        "seconds": time.perf_counter() - t,
+        "tokens": sum(len(o["output_ids"]) for o in out),
+        "outputs": [[o["output_ids"]] for o in out],
+    }
+    row["counters_batch1"] = {**delta(middle, before), **_spec_counts(metas_b1)}
+    row["counters_batch"] = {**delta(_counters(engine), middle), **_spec_counts(out)}
+    return row
+
+
+def _engine_traffic(engine: Any, spec: dict[str, Any], params: dict[str, Any]) -> dict:
+    """This engine's share of the traffic of several engines (:mod:`.sharing`), slot by slot
+    in step with the others; per workload and kind of request (``WORKLOAD/KIND``), its
+    requests (each with its slot, engine and place in the slot) and their counters."""
+    me = spec["engine"]
+    barrier = SlotBarrier(spec["barrier"], spec["engines"], me)
+    slot = 0
+    barrier.wait(slot)  # every engine started and warmed up
+    out: dict[str, Any] = {}
+    for workload, plan in spec["traffic"].items():
+        rows = {
+            kind: {
+                "n": 1,
+                "temperature": 0.0,
+                "prompts": [],
+                "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
+                "counters_batch1": {},
+                "counters_batch": {},
+            }
+            for kind in KINDS
+        }
+        for per_engine in plan:
+            slot += 1
+            for place, prompt in enumerate(per_engine[me]):
+                before = _counters(engine)
+                record, generated = _timed_request(engine, prompt, params)
+                counters = {**delta(_counters(engine), before), **_spec_counts(generated)}
+                row = rows[prompt["kind"]]
+                row["prompts"].append({**record, "slot": slot, "engine": me, "place": place})
+                row["counters_batch1"] = sum_counters([row["counters_batch1"], counters])
+            barrier.wait(slot)
+        out.update({f"{workload}/{kind}": row for kind, row in rows.items()})
+    return out
 
 
 # -- the parent: every configuration, side by side, in rounds ------------------------------
@@ -340,6 +399,14 @@ def add_sglang_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="SGLang's --speculative-num-draft-tokens: tree slots, root included (default 8)",
     )
     sp.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engines running at once, each on its share of the cores, on traffic where one "
+        "engine's text helps another (lookahead_client.bench.sharing; lookahead-server: one "
+        "server for all; default 1: one engine, batch 1 and the full batch)",
+    )
+    sp.add_argument(
         "--cpu-standins",
         metavar="DIR",
         help="SGLang's CPU stand-ins to load on a machine without CUDA (default: "
@@ -352,8 +419,11 @@ def add_sglang_parser(subparsers: Any) -> argparse.ArgumentParser:
 _EMBEDDED_CONFIGS = {"lookahead": "{}", "lookahead-chain": json.dumps({"chain": True})}
 
 
-def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None, tmp: str):
-    """One configuration in a fresh process (with its own server for ``lookahead-server``)."""
+def _run_trial(
+    trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None, tmp: str, engines: int
+) -> dict[str, Any]:
+    """One configuration in a fresh process, or ``engines`` at once (with one server for the
+    trial for ``lookahead-server``)."""
     from lookahead_client.engine.config import SGLANG_ENV
 
     name = trial.config
@@ -364,7 +434,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(standins), env.get("PYTHONPATH")]))
     if name in _EMBEDDED_CONFIGS:
         env[SGLANG_ENV] = _EMBEDDED_CONFIGS[name]
-    return run_trial_process(
+    results = run_trial_processes(
         "lookahead_client.bench.sglang_engine",
         trial,
         spec,
@@ -373,7 +443,9 @@ def _run_trial(trial: Trial, spec: dict[str, Any], standins: pathlib.Path | None
         server_env=(lambda target: {SGLANG_ENV: json.dumps({"target": target})})
         if name == "lookahead-server"
         else None,
+        engines=engines,
     )
+    return results[0] if engines == 1 else merge_engine_results(results)
 
 
 def run_sglang(args: argparse.Namespace) -> int:
@@ -391,6 +463,8 @@ def run_sglang(args: argparse.Namespace) -> int:
             f"--draft-tokens counts the root: at least 2, got {args.draft_tokens}",
             field="draft_tokens",
         )
+    if args.engines < 1:
+        raise InvalidArgumentError(f"--engines: at least 1, got {args.engines}", field="engines")
     trials = schedule(configs, args.rounds)
     standins = find_cpu_standins(args.cpu_standins)
     if standins is not None:
@@ -398,6 +472,8 @@ def run_sglang(args: argparse.Namespace) -> int:
             f"no CUDA here: SGLang's CPU stand-ins from {standins} load into every SGLang process"
         )
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
+    if args.engines > 1:
+        return _run_engines(args, trials, standins, folder)
     prompts = workload_prompt_sets(
         args.workload, folder, args.prompts_per_half, args.max_prompt_tokens
     )
@@ -411,38 +487,120 @@ def run_sglang(args: argparse.Namespace) -> int:
         for p in ("batch1", "batch")
     ]
     spec = {
+        **_engine_spec(args, standins, folder, batch_tokens, most),
+        "prompts": prompts,
+    }
+    with tempfile.TemporaryDirectory(prefix="lookahead-sglang-bench-") as tmp:
+        done = run_rounds(
+            trials,
+            lambda t: _run_trial(t, spec, standins, tmp, engines=1),
+            estimate_s=lambda _: (
+                _GUESS_STARTUP_S + sum(n / s for n, s in zip(tokens, _GUESS_TOK_S, strict=True))
+            ),
+            what=f"a fresh SGLang engine generating up to {sum(tokens)} tokens",
+        )
+    _report(
+        args,
+        done,
+        standins,
+        lambda w: (
+            f"{len(prompts[w]['batch1'])} prompts at batch 1, {len(prompts[w]['batch'])} "
+            f"others in the full batch, {args.draft_tokens} tree slots"
+        ),
+    )
+    return 0
+
+
+def _engine_spec(
+    args: argparse.Namespace,
+    standins: pathlib.Path | None,
+    folder: pathlib.Path,
+    batch_tokens: int,
+    most: int,
+) -> dict[str, Any]:
+    """What every engine of the run is started with (``batch_tokens``: the most tokens a batch
+    holds, ``most``: the most requests at once)."""
+    return {
         "model": str(folder),
         "cpu": standins is not None,
         "draft_tokens": args.draft_tokens,
         "max_total_tokens": max(8192, 2 * batch_tokens),
         "max_running_requests": most,
         "max_new_tokens": args.max_new_tokens,
-        "prompts": prompts,
     }
+
+
+def _run_engines(
+    args: argparse.Namespace,
+    trials: Sequence[Trial],
+    standins: pathlib.Path | None,
+    folder: pathlib.Path,
+) -> int:
+    """``--engines N``: every configuration as N engines at once, on the traffic of
+    :mod:`.sharing` (each engine its own drafter, or one server for all)."""
+    engines = args.engines
+    traffic = {}
+    for stem, prompts in workload_prompts_by_stem(
+        args.workload, folder, args.max_prompt_tokens
+    ).items():
+        groups = pick_groups(prompts, args.prompts_per_half)
+        if not groups:
+            raise InvalidArgumentError(
+                f"workload {stem} has no group of two distinct prompts (of at most "
+                f"{args.max_prompt_tokens} tokens): --engines needs groups",
+                field="workload",
+            )
+        traffic[stem] = plan_traffic(groups, engines)
+    longest = max(len(p["ids"]) for plan in traffic.values() for s in plan for e in s for p in e)
+    spec = {
+        **_engine_spec(args, standins, folder, longest + args.max_new_tokens, 1),
+        "traffic": traffic,
+    }
+    # Each engine generates its requests one at a time, on its share of the cores.
+    per_engine = max(
+        sum(len(s[e]) for plan in traffic.values() for s in plan) for e in range(engines)
+    )
+    tokens = per_engine * args.max_new_tokens
+    cores = max(1, (os.cpu_count() or 1) // engines)
+    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores / 2)
     with tempfile.TemporaryDirectory(prefix="lookahead-sglang-bench-") as tmp:
         done = run_rounds(
             trials,
-            lambda t: _run_trial(t, spec, standins, tmp),
-            estimate_s=lambda _: (
-                _GUESS_STARTUP_S + sum(n / s for n, s in zip(tokens, _GUESS_TOK_S, strict=True))
-            ),
-            what=f"a fresh SGLang engine generating up to {sum(tokens)} tokens",
+            lambda t: _run_trial(t, spec, standins, tmp, engines=engines),
+            estimate_s=lambda _: engines * _GUESS_STARTUP_S / 2 + tokens / guess_tok_s,
+            what=f"{engines} fresh SGLang engines at once, each generating up to {tokens} tokens",
         )
+
+    def describe(name: str) -> str:
+        stem, _, kind = name.rpartition("/")
+        count = sum(p["kind"] == kind for s in traffic[stem] for e in s for p in e)
+        return (
+            f"{count} requests, {kind} (see lookahead_client.bench.sharing), spread over "
+            f"{engines} engines running at once, each at batch 1; {args.draft_tokens} tree slots"
+        )
+
+    _report(args, done, standins, describe)
+    return 0
+
+
+def _report(
+    args: argparse.Namespace,
+    done: Sequence[tuple[Trial, dict[str, Any], Any]],
+    standins: pathlib.Path | None,
+    describe: Callable[[str], str],
+) -> None:
+    engines = f", {args.engines} engines at once" if args.engines > 1 else ""
     report(
         done,
         per_step=per_step_figures,
         engine_drafters=("sglang-ngram",),
-        describe=lambda w: (
-            f"{len(prompts[w]['batch1'])} prompts at batch 1, {len(prompts[w]['batch'])} "
-            f"others in the full batch, {args.draft_tokens} tree slots"
-        ),
+        describe=describe,
         columns=_COLUMNS,
         args=vars(args),
         json_path=args.json,
         plot_path=args.plot,
-        plot_title="SmolLM2-135M in SGLang 0.5.23" + (" (CPU)" if standins else ""),
+        plot_title="SmolLM2-135M in SGLang 0.5.23" + (" (CPU)" if standins else "") + engines,
     )
-    return 0
 
 
 if __name__ == "__main__":
