@@ -1,5 +1,7 @@
 """The Rust crates' modules depend on each other one way: no import circle in the core or the
-server (a module's `crate::x` paths, doc links excluded, name the modules it uses)."""
+server. A module's dependencies are the crate modules its code names: ``crate::x`` paths,
+grouped ones (``crate::{x, y::Z}``) and ``super::`` paths that climb to the crate root; comments
+(doc links among them) and inline test modules are left out."""
 
 from __future__ import annotations
 
@@ -11,20 +13,65 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CRATES = ["rust/lookahead-core/src", "rust/lookahead-server/src"]
 
+_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+# An inline test module runs to the end of its file here (the crates keep them last).
+_TESTS = re.compile(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{.*", re.S)
+
+
+def module_path(rel: Path) -> list[str]:
+    """The module a source file holds, from the crate root (``a/mod.rs`` and ``a.rs``: a)."""
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "mod":
+        parts.pop()
+    return parts
+
+
+def group_heads(text: str) -> list[str]:
+    """The first segment of each path in a ``{...}`` group (``text`` starts after the brace)."""
+    heads, depth, item = [], 0, ""
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            if depth == 0:
+                break
+            depth -= 1
+        if depth == 0 and ch in ",}":
+            heads.append(item)
+            item = ""
+        elif depth == 0:
+            item += ch
+    heads.append(item)
+    return [m.group(0) for h in heads if (m := re.match(_NAME, h.strip()))]
+
+
+def top_modules_named(code: str, module: list[str]) -> set[str]:
+    """The crate's top-level modules that ``code`` (of the module at ``module``) names."""
+    names: set[str] = set()
+    for m in re.finditer(rf"\bcrate::(?:({_NAME})|\{{)", code):
+        names.update([m.group(1)] if m.group(1) else group_heads(code[m.end() :]))
+    for m in re.finditer(rf"\b((?:super::)+)(?:({_NAME})|\{{)", code):
+        up = m.group(1).count("super::")
+        if up < len(module):
+            names.add(module[: len(module) - up][0])  # still inside a top-level module
+        elif up == len(module):  # at the crate root: the next segment names a module
+            names.update([m.group(2)] if m.group(2) else group_heads(code[m.end() :]))
+    return names
+
 
 def module_graph(src: Path) -> dict[str, set[str]]:
     """Each top-level module and the crate modules its code names."""
     graph: dict[str, set[str]] = {}
     for path in src.rglob("*.rs"):
-        rel = path.relative_to(src)
-        module = rel.parts[0].removesuffix(".rs")
-        if module in ("lib", "main"):
+        module = module_path(path.relative_to(src))
+        top = module[0]
+        if top in ("lib", "main"):
             continue
         code = "\n".join(
             line for line in path.read_text().splitlines() if not line.lstrip().startswith("//")
         )
-        uses = set(re.findall(r"crate::([a-z_][a-z0-9_]*)", code))
-        graph.setdefault(module, set()).update(uses - {module})
+        code = _TESTS.sub("", code)
+        graph.setdefault(top, set()).update(top_modules_named(code, module) - {top})
     return graph
 
 
@@ -63,3 +110,11 @@ def test_no_import_circle(crate: str) -> None:
 def test_the_check_finds_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_reader_follows_grouped_and_super_paths() -> None:
+    code = "use crate::{trie::Trie, sizing, Token};\nuse super::super::slots::write_row;\n"
+    assert top_modules_named(code, ["drafter", "step"]) == {"trie", "sizing", "Token", "slots"}
+    assert top_modules_named("use super::{draft, tree::Tree};", ["drafter"]) == {"draft", "tree"}
+    assert top_modules_named("use super::wire;", ["cluster", "consumer"]) == {"cluster"}
+    assert top_modules_named("let x = crate::config::X;", ["a"]) == {"config"}
