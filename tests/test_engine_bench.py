@@ -206,6 +206,9 @@ def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():
     assert by_rival["suffix"]["verdict"] == "tie"
     assert by_rival["null"]["verdict"] == "ahead"
     assert {v["against"]: v["verdict"] for v in verdicts["batch"]}["suffix"] == "ahead"
+    # A pair asked for: one lookahead configuration against another; absent ones are skipped.
+    paired = versus(rounds, "w", ("ngram", "suffix"), [("lookahead", "null"), ("x", "null")])
+    assert [v["against"] for v in paired["lookahead"]["batch1"]] == ["suffix", "null", "null"]
 
 
 def test_a_failed_trial_names_itself_and_shows_its_log():

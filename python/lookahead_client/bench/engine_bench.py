@@ -198,7 +198,10 @@ def summarise(
 
 
 def versus(
-    rounds: Sequence[dict[str, dict]], workload: str, engine_drafters: Sequence[str]
+    rounds: Sequence[dict[str, dict]],
+    workload: str,
+    engine_drafters: Sequence[str],
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, dict]:
     """Each lookahead configuration against the best of the engine's own drafters in the run
     (by median speed-up, per pass) and against ``null`` when it ran, paired round by round
@@ -206,6 +209,7 @@ def versus(
 
     Args:
         engine_drafters: the names (before any ``:``) of the engine's own drafters.
+        pairs: more comparisons, ``(config, against)``, made where both ran.
     """
     names = list(rounds[0])
     theirs = [n for n in names if n.partition(":")[0] in engine_drafters]
@@ -225,12 +229,13 @@ def versus(
             rivals.append(max(theirs, key=lambda c: fast[c].median))
         if "null" in names:
             rivals.append("null")
-        for ours_name in ours:
-            for rival in rivals:
-                verdict, ratio = compare(seconds[ours_name], seconds[rival])
-                out.setdefault(ours_name, {}).setdefault(p, []).append(
-                    {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
-                )
+        wanted = [(o, r) for o in ours for r in rivals]
+        wanted += [(a, b) for a, b in pairs if a in names and b in names]
+        for ours_name, rival in wanted:
+            verdict, ratio = compare(seconds[ours_name], seconds[rival])
+            out.setdefault(ours_name, {}).setdefault(p, []).append(
+                {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
+            )
     return out
 
 
@@ -364,6 +369,7 @@ def report(
     *,
     per_step: Callable[[list[dict[str, float]], int], dict[str, Any]],
     engine_drafters: Sequence[str],
+    pairs: Sequence[tuple[str, str]] = (),
     describe: Callable[[str], str],
     columns: Sequence[Column],
     args: dict[str, Any],
@@ -374,8 +380,8 @@ def report(
     """Summarises a run's trials (from :func:`.rounds.run_rounds`), prints the tables and the
     trials' costs, writes the JSON and the plot when asked; returns what the JSON holds:
     ``table[workload][config]`` (both halves), ``halves[workload][A|B][config]``,
-    ``versus[workload][config]``, ``trials[config]`` (costs) and ``rounds`` (every result,
-    outputs included)."""
+    ``versus[workload][config]`` (see :func:`versus`, which gets ``engine_drafters`` and
+    ``pairs``), ``trials[config]`` (costs) and ``rounds`` (every result, outputs included)."""
     count = 1 + max(trial.round for trial, _, _ in done)
     rounds: list[dict[str, dict]] = [{} for _ in range(count)]
     costs: dict[str, list] = {}
@@ -387,7 +393,7 @@ def report(
     workloads = list(rounds[0][BASELINE]["workloads"])
     table = {w: summarise(rounds, w, None, per_step) for w in workloads}
     halves = {w: {h: summarise(rounds, w, h, per_step) for h in "AB"} for w in workloads}
-    verdicts = {w: versus(rounds, w, engine_drafters) for w in workloads}
+    verdicts = {w: versus(rounds, w, engine_drafters, pairs) for w in workloads}
     print_tables(table, halves, verdicts, describe, columns)
     print_costs(costs)
     out = {

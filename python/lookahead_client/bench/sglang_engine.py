@@ -594,6 +594,8 @@ def _report(
         done,
         per_step=per_step_figures,
         engine_drafters=("sglang-ngram",),
+        # Several engines: one server for all against a drafter per engine.
+        pairs=(("lookahead-server", "lookahead"),) if args.engines > 1 else (),
         describe=describe,
         columns=_COLUMNS,
         args=vars(args),

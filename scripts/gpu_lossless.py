@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Tree verification on a GPU against ``generate``: the HF loop's greedy output, token for token.
+
+``lookahead_client.hf.speculative_generate`` with lookahead's embedded drafter verifies whole
+draft trees (``sizing=False``, budget 8: a tree of up to 8 nodes in one forward pass, 4D tree
+mask, tree position ids, the KV cache pruned to the accepted path) and is compared with
+``model.generate(do_sample=False)`` run prompt by prompt. The model is a Llama shape of
+``scripts/gpu_cost_curve.py`` with random weights (no hub on the machines this runs on; a
+lossless verifier must reproduce ``generate`` whatever the weights say), float32 with TF32 off
+(so that differently shaped kernels round alike), on repetitive prompts, in two passes: cold,
+then the same prompts again with the drafter warm (it has seen the first pass's outputs, as
+with RL rollouts and repeated prompts). Reported per batch size: identical outputs, draft
+tokens accepted per forward pass, seconds, and at batch 1 the speed-up over ``generate``.
+
+The cost of a verification pass as the tree grows is ``scripts/gpu_cost_curve.py``'s job.
+
+Usage (from a checkout, the native module built; not part of CI)::
+
+    python scripts/gpu_lossless.py --out lossless.json [--model llama-1b] [--smoke]
+
+``--smoke``: the tiny shape, 4 short prompts, on whatever device there is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu_cost_curve import SHAPES, build_model  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def prompts_for(vocab: int, count: int, seed: int) -> list[list[int]]:
+    """Short patterns repeated (text that repeats, as n-gram drafting wants), 60-200 tokens."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        pattern = [rng.randrange(3, vocab) for _ in range(rng.randrange(8, 40))]
+        out.append((pattern * 20)[: rng.randrange(60, 200)])
+    return out
+
+
+@torch.inference_mode()
+def compare(model, device: str, prompts: list[list[int]], max_new: int, batch: int) -> dict:
+    """``generate`` prompt by prompt, then the HF loop in batches of ``batch``, cold and warm."""
+    from lookahead_client.embedded import EmbeddedDrafter
+    from lookahead_client.hf import speculative_generate
+
+    reference = []
+    _sync(device)
+    started = time.perf_counter()
+    for p in prompts:  # one by one: generate pads a batch, the loop does not
+        ids = torch.tensor([p], device=device)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            pad_token_id=0,
+        )
+        reference.append(out[0, len(p) :].tolist())
+    _sync(device)
+    generate_s = time.perf_counter() - started
+    drafter = EmbeddedDrafter()
+    passes = []
+    for name in ("cold", "warm"):
+        _sync(device)
+        started = time.perf_counter()
+        tokens, accepted, forward_passes = [], 0, 0
+        for i in range(0, len(prompts), batch):
+            result = speculative_generate(
+                model,
+                prompts[i : i + batch],
+                drafter,
+                max_new_tokens=max_new,
+                budget=8,
+                sizing=False,
+                eos_token_id=[],
+            )
+            tokens += result.tokens
+            accepted += sum(result.accepted)
+            forward_passes += result.forward_passes
+        _sync(device)
+        seconds = time.perf_counter() - started
+        same = sum(a == b for a, b in zip(tokens, reference, strict=True))
+        entry = {
+            "pass": name,
+            "identical": f"{same}/{len(prompts)}",
+            # draft tokens accepted per forward pass, all requests of the batch together
+            "accepted_per_pass": round(accepted / max(forward_passes, 1), 3),
+            "forward_passes": forward_passes,
+            "seconds": round(seconds, 2),
+        }
+        if batch == 1:  # generate ran one by one too
+            entry["speedup_over_generate"] = round(generate_s / seconds, 3)
+        passes.append(entry)
+        print(f"batch {batch}: {json.dumps(entry)}", flush=True)
+    return {"generate_seconds": round(generate_s, 2), "passes": passes}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the JSON written")
+    parser.add_argument("--model", default="llama-1b", help=f"of {', '.join(SHAPES)}")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.model, args.prompts, args.max_new_tokens = "tiny", 4, 16
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    import transformers
+
+    report: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "model": f"{args.model}, random weights, float32",
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "batches": {},
+    }
+    print(json.dumps(report), flush=True)
+    model = build_model(args.model, device, torch.float32)
+    prompts = prompts_for(model.config.vocab_size, args.prompts, seed=1)
+    for batch in (1, 4):
+        report["batches"][str(batch)] = compare(model, device, prompts, args.max_new_tokens, batch)
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"written: {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
