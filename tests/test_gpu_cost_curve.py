@@ -1,6 +1,6 @@
-"""``scripts/gpu_cost_curve.py``: its CPU dry run, in an interpreter where the lookahead native
-extension, gRPC, SGLang and matplotlib cannot be imported (a bare GPU machine has torch and
-transformers only)."""
+"""The GPU scripts' CPU runs: ``scripts/gpu_cost_curve.py``'s dry run, in an interpreter where
+the lookahead native extension, gRPC, SGLang and matplotlib cannot be imported (a bare GPU
+machine has torch and transformers only), and ``scripts/gpu_lossless.py --smoke``."""
 
 from __future__ import annotations
 
@@ -51,3 +51,24 @@ def test_dry_run_on_a_bare_machine(tmp_path):
     script = runpy.run_path(str(SCRIPT), run_name="gpu_cost_curve")
     assert script["plot"](results, tmp_path / "labelled.png") == "matplotlib"
     assert (tmp_path / "labelled.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_lossless_smoke_run(tmp_path):
+    script = SCRIPT.with_name("gpu_lossless.py")
+    out = tmp_path / "lossless.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["batches"]) == {"1", "4"}
+    for entry in results["batches"].values():
+        cold, warm = entry["passes"]
+        assert cold["identical"] == warm["identical"] == "4/4"
+        # The warm drafter has seen these outputs: more accepted per pass, fewer passes.
+        assert warm["accepted_per_pass"] > cold["accepted_per_pass"]
+        assert warm["forward_passes"] < cold["forward_passes"]
