@@ -83,8 +83,9 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def build_model(shape: str, device: str, dtype):
-    """A random-weight Llama of the given shape, in eval mode, with SDPA attention."""
+def build_model(shape: str, device: str, dtype, attention: str = "sdpa"):
+    """A random-weight Llama of the given shape, in eval mode, with SDPA attention (or
+    ``attention``, a transformers ``attn_implementation``)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,7 +94,7 @@ def build_model(shape: str, device: str, dtype):
         max_position_embeddings=8192,
         rope_theta=500000.0,
         tie_word_embeddings=False,
-        attn_implementation="sdpa",
+        attn_implementation=attention,
     )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # initialise in the target dtype: no float32 copy

@@ -68,7 +68,7 @@ def test_lossless_smoke_run(tmp_path):
     assert set(results["batches"]) == {"1", "4"}
     for entry in results["batches"].values():
         cold, warm = entry["passes"]
-        assert cold["identical"] == warm["identical"] == "4/4"
+        assert cold["identical"] == warm["identical"] == "4/4", results
         # The warm drafter has seen these outputs: more accepted per pass, fewer passes.
-        assert warm["accepted_per_pass"] > cold["accepted_per_pass"]
+        assert warm["accepted_per_pass"] > cold["accepted_per_pass"], results
         assert warm["forward_passes"] < cold["forward_passes"]

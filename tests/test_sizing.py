@@ -136,6 +136,41 @@ def test_from_measurements_fits_a_profile():
     assert "CostModel(observations=5" in repr(model)
 
 
+def test_measurements_folded_in_one_go_fit_as_when_read_after_each():
+    """Observing only queues a measurement (the numpy work waits for the next read): the fit
+    is the one of adding them one by one, forgetting included."""
+    rng = random.Random(3)
+    steps = [
+        (rng.choice([1, 2, 3, 5, 8, 13]), rng.randrange(0, 4000), rng.uniform(0.5, 1.5))
+        for _ in range(300)
+    ]
+    one_by_one, queued = CostModel(max_tokens=64), CostModel(max_tokens=64)
+    for tokens, context, noise in steps:
+        seconds = noise * (0.02 + 0.003 * tokens + 1e-6 * context)
+        for model in (one_by_one, queued):
+            model.observe(tokens, seconds, context=context, pairs=tokens * (context + tokens))
+        one_by_one.predict([1])  # read: folds this one measurement in now
+    sizes = [1, 2, 4, 8, 16, 32]
+    np.testing.assert_allclose(queued.predict(sizes, 2000), one_by_one.predict(sizes, 2000))
+    np.testing.assert_allclose(queued.knot_weight, one_by_one.knot_weight)
+    assert queued.observations == one_by_one.observations == 300
+
+
+def test_a_warm_started_solve_finds_the_cold_solution():
+    from lookahead_client.cost import _nonnegative_least_squares
+
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        a = rng.normal(size=(40, 12))
+        gram, moment = a.T @ a, a.T @ rng.normal(size=40)
+        cold = _nonnegative_least_squares(gram, moment)
+        assert (cold >= 0).all() and (cold > 0).any() and (cold == 0).any()
+        nearby = _nonnegative_least_squares(gram + 0.1 * np.eye(12), moment * 1.1)
+        for start in (nearby, cold, rng.uniform(0, 1, size=12)):
+            warm = _nonnegative_least_squares(gram, moment, start)
+            np.testing.assert_allclose(warm, cold, atol=1e-9)
+
+
 def test_cost_model_rejects_bad_input():
     model = CostModel()
     assert not model.ready and "not ready" in repr(model)

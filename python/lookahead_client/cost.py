@@ -53,34 +53,52 @@ def _hat(knots: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return lower, upper, t
 
 
-def _nonnegative_least_squares(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+def _nonnegative_least_squares(
+    gram: np.ndarray, moment: np.ndarray, start: np.ndarray | None = None
+) -> np.ndarray:
     """``argmin x'Gx - 2 m'x`` over ``x >= 0`` (Lawson and Hanson's active set method, on the
     normal equations). Within the free set the solve is least squares, so what the data
-    leaves open gets the minimum-norm answer."""
+    leaves open gets the minimum-norm answer.
+
+    Args:
+        start: a solution of a nearby problem (the previous fit): its positive entries are
+            the first free set, which usually leaves one or two solves instead of one per
+            free variable.
+    """
     n = len(moment)
-    x = np.zeros(n)
-    free = np.zeros(n, dtype=bool)
     tol = 1e-12 * max(1.0, float(np.abs(moment).max(initial=0.0)))
-    for _ in range(3 * n):
-        gradient = moment - gram @ x
-        candidates = ~free & (gradient > tol)
-        if not candidates.any():
-            break
-        free[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
+    x = np.zeros(n) if start is None else np.where(start > tol, start, 0.0)
+    free = x > 0.0
+
+    def settle(x: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # The least-squares solve on the free set; where it leaves the feasible region, step
+        # from x towards it as far as every variable stays >= 0, drop those that reached
+        # zero from the free set, and solve again.
         for _ in range(3 * n):
             idx = np.flatnonzero(free)
             z = np.zeros(n)
             z[idx] = np.linalg.lstsq(gram[np.ix_(idx, idx)], moment[idx], rcond=None)[0]
             blocked = idx[z[idx] <= tol]
             if len(blocked) == 0:
-                x = z
-                break
-            # Step from x towards z as far as every variable stays >= 0, then drop those
-            # that reached zero from the free set.
+                return z, free
             step = np.min(x[blocked] / np.maximum(x[blocked] - z[blocked], tol))
             x = x + step * (z - x)
-            free &= x > tol
+            free = free & (x > tol)
             x[~free] = 0.0
+            if not free.any():
+                break
+        return x, free
+
+    if free.any():
+        x, free = settle(x, free)
+    for _ in range(3 * n):
+        gradient = moment - gram @ x
+        candidates = ~free & (gradient > tol)
+        if not candidates.any():
+            break
+        free = free.copy()
+        free[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
+        x, free = settle(x, free)
     return x
 
 
@@ -129,13 +147,18 @@ class CostModel:
         n = len(self.knots) + 2
         self._gram = np.zeros((n, n))
         self._moment = np.zeros(n)
-        #: Weight of the measurements near each knot (forgetting applied).
-        self.knot_weight = np.zeros(len(self.knots))
+        self._knot_weight = np.zeros(len(self.knots))
         # Sum of the observations' weights and their number (forgetting applied): the
         # penalty is scaled to the mean weight, i.e. relative to one observation.
         self._weights = np.zeros(2)
+        # Measurements not yet folded into the sums above: an engine observes every step,
+        # so observing only appends, and the numpy work is done in one go when the model is
+        # read (see _fold), off the step's path.
+        self._pending: list[tuple[float, float, float, float]] = []
+        #: Measured steps, all of them.
         self.observations = 0
         self._coef: np.ndarray | None = None
+        self._increments: np.ndarray | None = None  # the last solve's, to start the next
         self._penalty = self._slope_penalty()
 
     # -- features ---------------------------------------------------------------------------
@@ -192,26 +215,39 @@ class CostModel:
             raise InvalidArgumentError(f"seconds must be > 0, got {seconds}", field="seconds")
         if context < 0 or pairs < 0:
             raise InvalidArgumentError("context and pairs must be >= 0", field="context")
-        tok, ctx, prs = self._arrays(tokens, context, pairs)
-        if self.ready and math.isfinite(self.outlier_factor):  # inf: the caller clips
+        if math.isfinite(self.outlier_factor) and self.ready:  # inf: the caller clips
+            tok, ctx, prs = self._arrays(tokens, context, pairs)
             predicted = float(self.predict(tok, ctx, prs)[0])
             if predicted > 0:
                 seconds = min(seconds, self.outlier_factor * predicted)
-        x = self._features(tok, ctx, prs)[0]
-        lam = self.forgetting
-        # Relative errors count: a step of 30 ms and one of 3 s are fitted equally well
-        # (absolute errors would let the large batches decide the small ones).
-        weight = 1.0 / seconds**2
-        self._gram *= lam
-        self._moment *= lam
-        self.knot_weight *= lam
-        self._weights *= lam
-        self._gram += weight * np.outer(x, x)
-        self._moment += weight * x * seconds
-        self.knot_weight += np.abs(x[: len(self.knots)])
-        self._weights += np.array([weight, 1.0])
+        self._pending.append((float(tokens), float(seconds), float(context), float(pairs)))
         self.observations += 1
         self._coef = None
+
+    def _fold(self) -> None:
+        """Folds the pending measurements into the sums, as if each had been added when it
+        was observed: with forgetting ``f``, the ``j``-th of ``k`` pending counts ``f**(k-1-j)``
+        and what was there before ``f**k``."""
+        if not self._pending:
+            return
+        tok, sec, ctx, prs = np.asarray(self._pending, dtype=np.float64).T
+        self._pending.clear()
+        x = self._features(tok, ctx, prs)
+        decay = self.forgetting ** np.arange(len(tok) - 1, -1, -1, dtype=np.float64)
+        before = self.forgetting ** len(tok)
+        # Relative errors count: a step of 30 ms and one of 3 s are fitted equally well
+        # (absolute errors would let the large batches decide the small ones).
+        weighted = decay / sec**2
+        self._gram = before * self._gram + (x * weighted[:, None]).T @ x
+        self._moment = before * self._moment + (weighted * sec) @ x
+        self._knot_weight = before * self._knot_weight + decay @ np.abs(x[:, : len(self.knots)])
+        self._weights = before * self._weights + np.array([weighted.sum(), decay.sum()])
+
+    @property
+    def knot_weight(self) -> np.ndarray:
+        """Weight of the measurements near each knot (forgetting applied)."""
+        self._fold()
+        return self._knot_weight
 
     def samples(self, tokens) -> np.ndarray:
         """The weight of measurements at each token count (interpolated between the two
@@ -226,6 +262,7 @@ class CostModel:
     def _solve(self) -> np.ndarray:
         if self._coef is not None:
             return self._coef
+        self._fold()
         m = len(self.knots)
         n = m + 2
         mean_weight = self._weights[0] / max(self._weights[1], 1e-300)
@@ -237,8 +274,9 @@ class CostModel:
         cumulative = np.eye(n)
         cumulative[:m, :m] = np.tril(np.ones((m, m)))
         increments = _nonnegative_least_squares(
-            cumulative.T @ a @ cumulative, cumulative.T @ self._moment
+            cumulative.T @ a @ cumulative, cumulative.T @ self._moment, self._increments
         )
+        self._increments = increments
         self._coef = cumulative @ increments
         return self._coef
 
@@ -297,6 +335,7 @@ class CostModel:
                 context=int(r.get("context", 0)),
                 pairs=int(r.get("pairs", 0)),
             )
+        model._fold()  # before the forgetting changes: these rows never decay
         model.forgetting, model.outlier_factor = forgetting, outlier_factor
         return model
 

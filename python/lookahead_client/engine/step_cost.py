@@ -11,6 +11,7 @@ is clipped against it without a refit.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -58,17 +59,17 @@ class StepCostFeed:
         curve describes steps like the last one measured."""
         curve = self._curve
         if curve is not None:
-            predicted = float(np.interp(tokens, curve.tokens, curve.seconds))
-            seconds = min(seconds, _OUTLIER_FACTOR * predicted)
+            seconds = min(seconds, _OUTLIER_FACTOR * _interpolate(curve, tokens))
         self.model.observe(tokens, seconds, context=context, pairs=pairs)
         self._context, self._rows = context, max(1, rows)
 
     def curve(self) -> EngineCost | None:
         """The current curve, or None while fewer than two step sizes were measured (the
-        core then keeps whole drafts, which measures the larger sizes)."""
-        if not self.model.ready:
-            return None
+        core then keeps whole drafts, which measures the larger sizes). Between refits the
+        model is not read at all: a step pays for its measurement, not for the fit."""
         if self._curve is None or self._age >= _REFRESH_EVERY:
+            if not self.model.ready:
+                return None
             tokens = self._knots
             # query-key pairs of the batch, its tokens spread evenly over its rows
             pairs = tokens * (self._context + tokens) // self._rows
@@ -87,3 +88,16 @@ class StepCostFeed:
 
     def __repr__(self) -> str:
         return f"StepCostFeed(padded={self.padded}, {self.model!r})"
+
+
+def _interpolate(curve: EngineCost, tokens: int) -> float:
+    """The curve's seconds at ``tokens`` (flat beyond its ends), without numpy: it runs
+    every step."""
+    sizes, seconds = curve.tokens, curve.seconds
+    i = bisect.bisect_left(sizes, tokens)
+    if i == 0:
+        return seconds[0]
+    if i == len(sizes):
+        return seconds[-1]
+    lo, hi = sizes[i - 1], sizes[i]
+    return seconds[i - 1] + (seconds[i] - seconds[i - 1]) * (tokens - lo) / (hi - lo)
