@@ -22,7 +22,7 @@ from lookahead_client.bench.sharing import (
 
 
 def _prompt(group: str, n: int, half: str) -> dict:
-    return {"id": f"{group}-{n}", "group": group, "half": half, "ids": [hash(group) % 97, n]}
+    return {"id": f"{group}-{n}", "group": group, "half": half, "ids": [*map(ord, group), n]}
 
 
 def _groups(count: int) -> list[list[dict]]:
