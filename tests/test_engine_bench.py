@@ -17,7 +17,7 @@ import time
 import pytest
 
 from lookahead_client.bench import sglang_engine
-from lookahead_client.bench.engine_bench import run_trial_process, summarise, versus
+from lookahead_client.bench.engine_bench import run_trial_processes, summarise, versus
 from lookahead_client.bench.rounds import (
     Spread,
     Trial,
@@ -334,7 +334,7 @@ def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     trial = Trial(0, 0, "lookahead-server")
-    got = run_trial_process(
+    [got] = run_trial_processes(
         "fake_trial", trial, {}, env, str(tmp_path), server_env=lambda t: {"TARGET": t}
     )
     assert got["name"] == "lookahead-server" and got["alive"] is True

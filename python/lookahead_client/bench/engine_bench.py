@@ -19,7 +19,7 @@ import json
 import os
 import pathlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError
@@ -30,10 +30,11 @@ __all__ = [
     "add_engine_arguments",
     "config_names",
     "cell",
-    "run_trial_process",
     "run_trial_processes",
     "sum_counters",
     "delta",
+    "distinct_prompts",
+    "cores_per_engine",
     "ensure_model",
     "number",
     "pass_figures",
@@ -86,6 +87,22 @@ def workload_prompts_by_stem(
     }
 
 
+def distinct_prompts(prompts: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The prompts whose ids were not seen before (rollout files repeat each prompt once per
+    sample)."""
+    seen: set[tuple[int, ...]] = set()
+    for p in prompts:
+        key = tuple(p["ids"])
+        if key not in seen:
+            seen.add(key)
+            yield p
+
+
+def cores_per_engine(engines: int) -> int:
+    """This machine's cores shared out between ``engines`` engines running at once."""
+    return max(1, (os.cpu_count() or 1) // engines)
+
+
 def workload_prompt_sets(
     workloads: Sequence[str], folder: pathlib.Path, per_half: int, max_tokens: int
 ):
@@ -95,12 +112,9 @@ def workload_prompt_sets(
     (a pass must not regenerate what the drafters saw the other pass generate)."""
     out = {}
     for stem, prompts in workload_prompts_by_stem(workloads, folder, max_tokens).items():
-        seen: set[tuple[int, ...]] = set()
         halves: dict[str, list] = {"A": [], "B": []}
-        for p in prompts:
-            key = tuple(p["ids"])  # rollout files repeat each prompt once per sample
-            if key not in seen and len(halves[p["half"]]) < 2 * per_half:
-                seen.add(key)
+        for p in distinct_prompts(prompts):
+            if len(halves[p["half"]]) < 2 * per_half:
                 halves[p["half"]].append(p)
         out[stem] = {
             "batch1": halves["A"][:per_half] + halves["B"][:per_half],
@@ -449,26 +463,6 @@ def add_engine_arguments(
     parser.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")
 
 
-def run_trial_process(
-    module: str,
-    trial: Trial,
-    spec: dict[str, Any],
-    env: dict[str, str],
-    tmp: str,
-    *,
-    server_env: Callable[[str], dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    """Runs ``python -m module --child SPEC`` for one trial (``spec`` plus the trial's name
-    and where to write) and returns the result it wrote.
-
-    Args:
-        server_env: for a trial drafting from a server: a ``lookahead-server`` on a Unix
-            socket runs for the trial, and this gives the variables that point the engine at
-            its address.
-    """
-    return run_trial_processes(module, trial, spec, env, tmp, server_env=server_env)[0]
-
-
 def run_trial_processes(
     module: str,
     trial: Trial,
@@ -479,9 +473,16 @@ def run_trial_processes(
     server_env: Callable[[str], dict[str, str]] | None = None,
     engines: int = 1,
 ) -> list[dict[str, Any]]:
-    """:func:`run_trial_process` with ``engines`` processes at once, one engine each
-    (``engine``, ``engines`` and a ``barrier`` folder added to each one's spec, the cores
-    shared out between them, one server for all); returns each one's result."""
+    """Runs ``python -m module --child SPEC`` for one trial (``spec`` plus the trial's name
+    and where to write), ``engines`` processes at once, and returns the result each wrote.
+
+    Args:
+        server_env: for a trial drafting from a server: a ``lookahead-server`` on a Unix
+            socket runs for the trial (one for all its processes), and this gives the
+            variables that point the engines at its address.
+        engines: processes at once, one engine each (``engine``, ``engines`` and a
+            ``barrier`` folder added to each one's spec, the cores shared out between them).
+    """
     stem = pathlib.Path(tmp, f"r{trial.round}-{trial.config.replace(':', '-')}")
     outs = [stem.with_name(f"{stem.name}-e{e}.out.json") for e in range(engines)]
     commands = []
@@ -494,7 +495,7 @@ def run_trial_processes(
         commands.append([sys.executable, "-m", module, "--child", str(spec_file)])
     if engines > 1:
         # More threads than cores makes engines side by side spin and wait at every step.
-        env = {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // engines))}
+        env = {**env, "OMP_NUM_THREADS": str(cores_per_engine(engines))}
     if server_env is None:
         run_children([(c, env) for c in commands], trial)
     else:

@@ -61,6 +61,7 @@ from .engine_bench import (
     cell,
     check_server_binary,
     config_names,
+    cores_per_engine,
     delta,
     ensure_model,
     report,
@@ -561,8 +562,7 @@ def _run_engines(
         sum(len(s[e]) for plan in traffic.values() for s in plan) for e in range(engines)
     )
     tokens = per_engine * args.max_new_tokens
-    cores = max(1, (os.cpu_count() or 1) // engines)
-    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores / 2)
+    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores_per_engine(engines) / 2)
     with tempfile.TemporaryDirectory(prefix="lookahead-sglang-bench-") as tmp:
         done = run_rounds(
             trials,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .engine_bench import sum_counters
+from .engine_bench import distinct_prompts, sum_counters
 
 __all__ = ["KINDS", "SlotBarrier", "merge_engine_results", "plan_traffic", "pick_groups"]
 
@@ -45,20 +45,14 @@ def pick_groups(prompts: Sequence[dict[str, Any]], per_half: int) -> list[list[d
             ``ids``.
     """
     by_group: dict[str, list[dict[str, Any]]] = {}
-    seen: set[tuple[int, ...]] = set()
-    for p in prompts:
-        key = tuple(p["ids"])  # rollout files repeat each prompt once per sample
-        if key not in seen:
-            seen.add(key)
-            by_group.setdefault(p["group"], []).append(p)
+    for p in distinct_prompts(prompts):
+        by_group.setdefault(p["group"], []).append(p)
     halves: dict[str, list[list[dict[str, Any]]]] = {"A": [], "B": []}
     for members in by_group.values():
         half = halves[members[0]["half"]]
         if len(members) >= 2 and len(half) < per_half:
             half.append(members[:2])
-    return [g for pair in zip(halves["A"], halves["B"], strict=False) for g in pair] + (
-        halves["A"][len(halves["B"]) :] + halves["B"][len(halves["A"]) :]
-    )
+    return [halves[h][i] for i in range(per_half) for h in "AB" if i < len(halves[h])]
 
 
 def plan_traffic(

@@ -50,7 +50,7 @@ from .engine_bench import (
     delta,
     ensure_model,
     report,
-    run_trial_process,
+    run_trial_processes,
     sum_counters,
     workload_prompt_sets,
 )
@@ -326,7 +326,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if name == WHOLE_CHAINS:
         env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
-    return run_trial_process(
+    [result] = run_trial_processes(
         "lookahead_client.bench.vllm_engine",
         trial,
         spec,
@@ -336,6 +336,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
         if name == "lookahead-server"
         else None,
     )
+    return result
 
 
 def run_vllm(args: argparse.Namespace) -> int:
