@@ -68,7 +68,9 @@ def test_lossless_smoke_run(tmp_path):
     assert set(results["batches"]) == {"1", "4"}
     for entry in results["batches"].values():
         cold, warm = entry["passes"]
-        assert cold["identical"] == warm["identical"] == "4/4", results
+        # Every output generate's, or parted from it only where generate's logits tie.
+        assert cold["diverged"] == warm["diverged"] == 0, results
+        assert int(cold["identical"].split("/")[0]) + cold["near_tie"] == 4, results
         # The warm drafter has seen these outputs: more accepted per pass, fewer passes.
         assert warm["accepted_per_pass"] > cold["accepted_per_pass"], results
         assert warm["forward_passes"] < cold["forward_passes"]
