@@ -15,10 +15,15 @@ from lookahead_client.bench.sharing import (
     KINDS,
     REPEAT_AFTER,
     SlotBarrier,
+    describe_kind,
     merge_engine_results,
     pick_groups,
     plan_traffic,
+    plan_workloads,
+    requests_per_engine,
+    serve_share,
 )
+from lookahead_client.errors import InvalidArgumentError
 
 
 def _prompt(group: str, n: int, half: str) -> dict:
@@ -85,6 +90,65 @@ def test_groups_are_picked_per_half_with_two_distinct_prompts():
     groups = pick_groups(prompts, per_half=1)
     assert [[p["id"] for p in g] for g in groups] == [["a1-0", "a1-1"], ["b1-0", "b1-1"]]
     assert [g[0]["group"] for g in pick_groups(prompts, per_half=2)] == ["a1", "b1", "a2"]
+
+
+def test_workloads_are_planned_and_one_without_groups_is_named():
+    prompts = [p for g in _groups(3) for p in g]
+    traffic = plan_workloads({"docs": prompts}, 2, 2, 512)
+    assert traffic["docs"] == plan_traffic(pick_groups(prompts, 2), 2)
+    # 3 groups: 6 first times and 6 repeats, engine 0 gets 3 + 3.
+    assert requests_per_engine(traffic, 2) == 6
+    assert describe_kind(traffic, 2, "docs/repeat", "; K = 8").startswith(
+        "6 requests, repeat (see lookahead_client.bench.sharing), spread over 2 engines"
+    )
+    lonely = [_prompt("solo", 0, "A"), _prompt("other", 0, "B")]
+    with pytest.raises(InvalidArgumentError, match="workload chat has no group") as e:
+        plan_workloads({"docs": prompts, "chat": lonely}, 2, 2, 512)
+    assert e.value.field == "workload"
+
+
+def test_each_engine_serves_its_share_in_step_with_the_others(tmp_path):
+    """Two engines (threads) serve one plan: each request once, on the planned engine and in
+    the planned slot, and no engine starts a slot before the other finished the one before."""
+    plan = plan_traffic(_groups(2), 2)
+    log: list[tuple[int, str, str]] = []  # (engine, event, id) in the order they happened
+    lock = threading.Lock()
+    results: dict[int, dict] = {}
+
+    def engine(me: int) -> None:
+        def serve(prompt: dict) -> tuple[dict, dict[str, float]]:
+            with lock:
+                log.append((me, "start", prompt["id"]))
+            time.sleep(0.02 * (1 - me))  # engine 0 is the slow one
+            record = {"id": prompt["id"], "half": prompt["half"], "seconds": 0.1, "tokens": 2}
+            return {**record, "outputs": [[1, 2]]}, {"steps": 1.0}
+
+        spec = {"traffic": {"w": plan}, "engine": me, "engines": 2, "barrier": str(tmp_path)}
+        results[me] = serve_share(spec, serve)
+
+    threads = [threading.Thread(target=engine, args=(e,)) for e in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    merged = merge_engine_results([{"startup_s": 1.0, "workloads": results[e]} for e in range(2)])
+    served = [
+        (p["slot"], p["engine"], p["id"])
+        for k in KINDS
+        for p in merged["workloads"][f"w/{k}"]["prompts"]
+    ]
+    planned = [
+        (slot + 1, e, r["id"])
+        for slot, per in enumerate(plan)
+        for e, rs in enumerate(per)
+        for r in rs
+    ]
+    assert sorted(served) == sorted(planned)
+    assert merged["workloads"]["w/repeat"]["counters_batch1"] == {"steps": 4.0}
+    # Slot by slot: every request of a slot starts after every request of the slot before.
+    slot_of = {(e, i): s for s, e, i in planned}
+    order = [slot_of[(e, i)] for e, _, i in log]
+    assert order == sorted(order), log
 
 
 def test_the_barrier_holds_each_engine_until_all_reach_the_slot(tmp_path):

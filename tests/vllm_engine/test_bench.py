@@ -37,3 +37,34 @@ def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path) -> None:
     assert step["lookahead"]["steps"] > 0
     assert table["plain"]["per_step_batch1"]["drafted_share"] == 0  # plain never drafts
     assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
+
+
+def test_two_vllm_engines_draft_from_one_server(tmp_path: Path) -> None:
+    """Two real vLLM engines (replicas) at once on one ``lookahead-server``: every output is
+    plain decoding's, and a prompt repeated on the other engine is drafted from the first
+    engine's output (more tokens per step than on its first time; a private drafter never saw
+    it)."""
+    out = tmp_path / "bench.json"
+    args = ["--workload", str(WORKLOAD), "--configs", "lookahead-server", "--engines", "2"]
+    args += ["--rounds", "1", "--prompts-per-half", "1", "--max-new-tokens", "24"]
+    args += ["--json", str(out), "--model-dir", str(tmp_path / "smollm2")]
+    done = subprocess.run(
+        [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "each 2 fresh vLLM engines at once" in done.stderr
+    table = json.loads(out.read_text())["table"]
+    assert set(table) == {"code-edit/new", "code-edit/sibling", "code-edit/repeat"}
+    for kind, count in (("new", 2), ("sibling", 2), ("repeat", 4)):
+        row = table[f"code-edit/{kind}"]
+        assert row["lookahead-server"]["identical_batch1"] == count, kind
+        assert row["plain"]["identical_batch1"] == count, kind
+    per_step = {
+        kind: table[f"code-edit/{kind}"]["lookahead-server"]["per_step_batch1"]
+        for kind in ("new", "repeat")
+    }
+    assert per_step["repeat"]["tokens_per_step"] > per_step["new"]["tokens_per_step"], per_step
+    assert per_step["repeat"]["lookahead"]["steps"] > 0

@@ -71,7 +71,13 @@ from .engine_bench import (
     workload_prompts_by_stem,
 )
 from .rounds import Trial, run_rounds, schedule
-from .sharing import KINDS, SlotBarrier, merge_engine_results, pick_groups, plan_traffic
+from .sharing import (
+    describe_kind,
+    merge_engine_results,
+    plan_workloads,
+    requests_per_engine,
+    serve_share,
+)
 
 __all__ = ["CONFIGS", "add_sglang_parser", "find_cpu_standins", "per_step_figures", "run_sglang"]
 
@@ -301,38 +307,14 @@ def _passes(engine: Any, sets: dict[str, list], params: dict[str, Any]) -> dict[
 
 
 def _engine_traffic(engine: Any, spec: dict[str, Any], params: dict[str, Any]) -> dict:
-    """This engine's share of the traffic of several engines (:mod:`.sharing`), slot by slot
-    in step with the others; per workload and kind of request (``WORKLOAD/KIND``), its
-    requests (each with its slot, engine and place in the slot) and their counters."""
-    me = spec["engine"]
-    barrier = SlotBarrier(spec["barrier"], spec["engines"], me)
-    slot = 0
-    barrier.wait(slot)  # every engine started and warmed up
-    out: dict[str, Any] = {}
-    for workload, plan in spec["traffic"].items():
-        rows = {
-            kind: {
-                "n": 1,
-                "temperature": 0.0,
-                "prompts": [],
-                "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
-                "counters_batch1": {},
-                "counters_batch": {},
-            }
-            for kind in KINDS
-        }
-        for per_engine in plan:
-            slot += 1
-            for place, prompt in enumerate(per_engine[me]):
-                before = _counters(engine)
-                record, generated = _timed_request(engine, prompt, params)
-                counters = {**delta(_counters(engine), before), **_spec_counts(generated)}
-                row = rows[prompt["kind"]]
-                row["prompts"].append({**record, "slot": slot, "engine": me, "place": place})
-                row["counters_batch1"] = sum_counters([row["counters_batch1"], counters])
-            barrier.wait(slot)
-        out.update({f"{workload}/{kind}": row for kind, row in rows.items()})
-    return out
+    """This engine's share of the traffic of several engines (:func:`.sharing.serve_share`)."""
+
+    def serve(prompt: dict[str, Any]) -> tuple[dict, dict[str, float]]:
+        before = _counters(engine)
+        record, generated = _timed_request(engine, prompt, params)
+        return record, {**delta(_counters(engine), before), **_spec_counts(generated)}
+
+    return serve_share(spec, serve)
 
 
 # -- the parent: every configuration, side by side, in rounds ------------------------------
@@ -540,28 +522,19 @@ def _run_engines(
     """``--engines N``: every configuration as N engines at once, on the traffic of
     :mod:`.sharing` (each engine its own drafter, or one server for all)."""
     engines = args.engines
-    traffic = {}
-    for stem, prompts in workload_prompts_by_stem(
-        args.workload, folder, args.max_prompt_tokens
-    ).items():
-        groups = pick_groups(prompts, args.prompts_per_half)
-        if not groups:
-            raise InvalidArgumentError(
-                f"workload {stem} has no group of two distinct prompts (of at most "
-                f"{args.max_prompt_tokens} tokens): --engines needs groups",
-                field="workload",
-            )
-        traffic[stem] = plan_traffic(groups, engines)
+    traffic = plan_workloads(
+        workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens),
+        args.prompts_per_half,
+        engines,
+        args.max_prompt_tokens,
+    )
     longest = max(len(p["ids"]) for plan in traffic.values() for s in plan for e in s for p in e)
     spec = {
         **_engine_spec(args, standins, folder, longest + args.max_new_tokens, 1),
         "traffic": traffic,
     }
     # Each engine generates its requests one at a time, on its share of the cores.
-    per_engine = max(
-        sum(len(s[e]) for plan in traffic.values() for s in plan) for e in range(engines)
-    )
-    tokens = per_engine * args.max_new_tokens
+    tokens = requests_per_engine(traffic, engines) * args.max_new_tokens
     guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores_per_engine(engines) / 2)
     with tempfile.TemporaryDirectory(prefix="lookahead-sglang-bench-") as tmp:
         done = run_rounds(
@@ -571,15 +544,8 @@ def _run_engines(
             what=f"{engines} fresh SGLang engines at once, each generating up to {tokens} tokens",
         )
 
-    def describe(name: str) -> str:
-        stem, _, kind = name.rpartition("/")
-        count = sum(p["kind"] == kind for s in traffic[stem] for e in s for p in e)
-        return (
-            f"{count} requests, {kind} (see lookahead_client.bench.sharing), spread over "
-            f"{engines} engines running at once, each at batch 1; {args.draft_tokens} tree slots"
-        )
-
-    _report(args, done, standins, describe)
+    slots = f"; {args.draft_tokens} tree slots"
+    _report(args, done, standins, lambda name: describe_kind(traffic, engines, name, slots))
     return 0
 
 

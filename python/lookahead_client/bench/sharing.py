@@ -1,6 +1,6 @@
-"""Traffic for several engines at once (``lookahead-bench sglang --engines N``): what each
-engine is sent and when, a barrier that keeps the engines in step, and one trial result made
-of the engines' results.
+"""Traffic for several engines at once (``lookahead-bench sglang|vllm --engines N``): what
+each engine is sent and when, the loop an engine runs it with, a barrier that keeps the
+engines in step, and one trial result made of the engines' results.
 
 Sharing a drafter between engines is only worth something on traffic where one engine's text
 helps another. The plan here is made from a workload's *groups* (prompts about the same
@@ -23,12 +23,27 @@ from __future__ import annotations
 
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from lookahead_client.errors import InvalidArgumentError
 
 from .engine_bench import distinct_prompts, sum_counters
 
-__all__ = ["KINDS", "SlotBarrier", "merge_engine_results", "plan_traffic", "pick_groups"]
+__all__ = [
+    "KINDS",
+    "SlotBarrier",
+    "describe_kind",
+    "merge_engine_results",
+    "pick_groups",
+    "plan_traffic",
+    "plan_workloads",
+    "requests_per_engine",
+    "serve_share",
+]
+
+#: A workload's plan: ``plan[slot][engine]``, the requests an engine generates in a slot.
+Plan = list[list[list[dict[str, Any]]]]
 
 #: The kinds of request, in the order they are reported.
 KINDS = ("new", "sibling", "repeat")
@@ -55,9 +70,7 @@ def pick_groups(prompts: Sequence[dict[str, Any]], per_half: int) -> list[list[d
     return [halves[h][i] for i in range(per_half) for h in "AB" if i < len(halves[h])]
 
 
-def plan_traffic(
-    groups: Sequence[Sequence[dict[str, Any]]], engines: int
-) -> list[list[list[dict[str, Any]]]]:
+def plan_traffic(groups: Sequence[Sequence[dict[str, Any]]], engines: int) -> Plan:
     """``plan[slot][engine]``: the requests an engine generates in a slot, in order; each a
     prompt (``id``, ``half``, ``ids``) with its ``kind`` (see the module docstring).
 
@@ -80,14 +93,97 @@ def plan_traffic(
         firsts.append(
             [((e + 1) % engines, {**g[1], "kind": "sibling"}) for e, g in enumerate(chunk)]
         )
-    plan: list[list[list[dict[str, Any]]]] = [
-        [[] for _ in range(engines)] for _ in range(len(firsts) + REPEAT_AFTER)
-    ]
+    plan: Plan = [[[] for _ in range(engines)] for _ in range(len(firsts) + REPEAT_AFTER)]
     for slot, sent in enumerate(firsts):
         for engine, prompt in sent:
             plan[slot][engine].append(prompt)
             plan[slot + REPEAT_AFTER][(engine + 1) % engines].append({**prompt, "kind": "repeat"})
     return plan
+
+
+def plan_workloads(
+    prompts_by_stem: Mapping[str, Sequence[dict[str, Any]]],
+    per_half: int,
+    engines: int,
+    max_prompt_tokens: int,
+) -> dict[str, Plan]:
+    """Per workload (by stem), the plan of :func:`plan_traffic` for ``per_half`` groups of
+    each half.
+
+    Raises:
+        InvalidArgumentError: a workload without a group of two distinct prompts (of at most
+            ``max_prompt_tokens`` tokens, the limit the prompts were read with).
+    """
+    traffic = {}
+    for stem, prompts in prompts_by_stem.items():
+        groups = pick_groups(prompts, per_half)
+        if not groups:
+            raise InvalidArgumentError(
+                f"workload {stem} has no group of two distinct prompts (of at most "
+                f"{max_prompt_tokens} tokens): --engines needs groups",
+                field="workload",
+            )
+        traffic[stem] = plan_traffic(groups, engines)
+    return traffic
+
+
+def requests_per_engine(traffic: Mapping[str, Plan], engines: int) -> int:
+    """The most requests one engine generates over every workload's plan."""
+    return max(sum(len(s[e]) for plan in traffic.values() for s in plan) for e in range(engines))
+
+
+def describe_kind(traffic: Mapping[str, Plan], engines: int, name: str, extra: str) -> str:
+    """The table heading of a ``WORKLOAD/KIND`` row: its requests and how they ran."""
+    stem, _, kind = name.rpartition("/")
+    count = sum(p["kind"] == kind for s in traffic[stem] for e in s for p in e)
+    return (
+        f"{count} requests, {kind} (see lookahead_client.bench.sharing), spread over "
+        f"{engines} engines running at once, each at batch 1{extra}"
+    )
+
+
+def serve_share(
+    spec: Mapping[str, Any], serve: Callable[[dict[str, Any]], tuple[dict, dict[str, float]]]
+) -> dict[str, Any]:
+    """An engine's share of the traffic (``spec``: ``traffic``, ``engine``, ``engines`` and
+    the ``barrier`` folder), slot by slot in step with the other engines.
+
+    Args:
+        serve: generates one prompt alone: its record (``id``, ``half``, ``seconds``,
+            ``tokens``, ``outputs``) and the engine's counters over it.
+
+    Returns:
+        Per workload and kind of request (``WORKLOAD/KIND``) the layout of
+        :mod:`.engine_bench`: the requests (each with its ``slot``, ``engine`` and ``place``
+        in the slot) in ``prompts``, their counters summed in ``counters_batch1``.
+    """
+    me = spec["engine"]
+    barrier = SlotBarrier(spec["barrier"], spec["engines"], me)
+    slot = 0
+    barrier.wait(slot)  # every engine started and warmed up
+    out: dict[str, Any] = {}
+    for workload, plan in spec["traffic"].items():
+        rows = {
+            kind: {
+                "n": 1,
+                "temperature": 0.0,
+                "prompts": [],
+                "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
+                "counters_batch1": {},
+                "counters_batch": {},
+            }
+            for kind in KINDS
+        }
+        for per_engine in plan:
+            slot += 1
+            for place, prompt in enumerate(per_engine[me]):
+                record, counters = serve(prompt)
+                row = rows[prompt["kind"]]
+                row["prompts"].append({**record, "slot": slot, "engine": me, "place": place})
+                row["counters_batch1"] = sum_counters([row["counters_batch1"], counters])
+            barrier.wait(slot)
+        out.update({f"{workload}/{kind}": row for kind, row in rows.items()})
+    return out
 
 
 class SlotBarrier:

