@@ -235,7 +235,7 @@ class TreeTensors:
         retrive_next_sibling: int64 ``[bs, d]``, the next slot with the same parent or -1
             (-1 for the root).
         parents: int64 ``[bs, d]``, the parent slot of each slot (-1 for the root); not an
-            SGLang input, used by :mod:`lookahead_client.verify`.
+            SGLang input, used by :mod:`lookahead_client.hf.verify`.
         seq_lens: int64 ``[bs]``, the tokens already in each request's KV cache.
         num_slots: ``d``.
     """

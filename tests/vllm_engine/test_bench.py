@@ -8,15 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 WORKLOAD = Path(__file__).resolve().parents[2].parent / "shared" / "workloads" / "code-edit.jsonl"
 
 
-def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the benchmarks convert SmolLM2 (once for the module: the first run converts)."""
+    return tmp_path_factory.mktemp("bench-model") / "smollm2"
+
+
+def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir: Path) -> None:
     assert WORKLOAD.exists(), f"the shared workloads are missing: {WORKLOAD}"
     out = tmp_path / "bench.json"
     args = ["--workload", str(WORKLOAD), "--configs", "lookahead", "--rounds", "1"]
     args += ["--prompts-per-half", "1", "--max-new-tokens", "24", "--json", str(out)]
-    args += ["--model-dir", str(tmp_path / "smollm2")]
+    args += ["--model-dir", str(model_dir)]
     done = subprocess.run(
         [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
         capture_output=True,
@@ -39,7 +47,7 @@ def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path) -> None:
     assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
 
 
-def test_two_vllm_engines_draft_from_one_server(tmp_path: Path) -> None:
+def test_two_vllm_engines_draft_from_one_server(tmp_path: Path, model_dir: Path) -> None:
     """Two real vLLM engines (replicas) at once on one ``lookahead-server``: every output is
     plain decoding's, and a prompt repeated on the other engine is drafted from the first
     engine's output (more tokens per step than on its first time; a private drafter never saw
@@ -47,7 +55,7 @@ def test_two_vllm_engines_draft_from_one_server(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = ["--workload", str(WORKLOAD), "--configs", "lookahead-server", "--engines", "2"]
     args += ["--rounds", "1", "--prompts-per-half", "1", "--max-new-tokens", "24"]
-    args += ["--json", str(out), "--model-dir", str(tmp_path / "smollm2")]
+    args += ["--json", str(out), "--model-dir", str(model_dir)]
     done = subprocess.run(
         [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
         capture_output=True,

@@ -53,7 +53,7 @@ def ensure_model(folder: pathlib.Path) -> pathlib.Path:
     """The SmolLM2 Hugging Face folder, converted from the GGUF the first time."""
     if (folder / "config.json").exists():
         return folder
-    from lookahead_client.hf_bench import load_smollm2
+    from lookahead_client.bench.hf import load_smollm2
 
     print(f"converting SmolLM2-135M-Instruct (GGUF) to {folder} ...", file=sys.stderr, flush=True)
     model, tokenizer = load_smollm2()
@@ -75,7 +75,7 @@ def workload_prompts_by_stem(
     file order: ``id``, ``group``, ``half`` (A/B: alternate prompt groups) and ``ids``."""
     from transformers import AutoTokenizer
 
-    from lookahead_client.hf_bench import workload_prompts
+    from lookahead_client.bench.hf import workload_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return {

@@ -78,7 +78,7 @@ def _prompt_lookup(_: DrafterOptions) -> Drafter:
 
 
 def _prompt_lookup_recent(_: DrafterOptions) -> Drafter:
-    from lookahead_client.prompt_lookup import PromptLookupDrafter
+    from lookahead_client.bench.baselines.prompt_lookup import PromptLookupDrafter
 
     return PromptLookupDrafter(min_ngram=1, max_ngram=3)
 

@@ -10,7 +10,7 @@ each step:
 
 * ``plain``: no draft, one token per request;
 * ``fixed``: the drafter's whole tree (up to the budget), padded to the widest tree;
-* ``policy``: the tree cut by :class:`~lookahead_client.sizing.SizingPolicy` with the fitted
+* ``policy``: the tree cut by :class:`~lookahead_client.hf.sizing.SizingPolicy` with the fitted
   cost model, its score calibration learning from the replayed acceptance as it goes.
 
 The figure of merit is response tokens per simulated second (prefill excluded: the first
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from lookahead_client.cost import CostModel
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.sizing import SizingPlan, SizingPolicy
+from lookahead_client.hf.sizing import SizingPlan, SizingPolicy
 from lookahead_client.types import Drafter, DraftTree
 
 from .replay import ReplaySettings, replay

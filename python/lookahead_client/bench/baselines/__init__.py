@@ -7,7 +7,7 @@
 The last two import their engines lazily (they are optional dependencies).
 """
 
-from .prompt_lookup import VllmNgramDrafter
+from .vllm_ngram import VllmNgramDrafter
 from .sglang_ngram import SglangNgramDrafter
 from .suffix import SuffixDecodingDrafter
 

@@ -1,94 +1,91 @@
-"""Prompt lookup with vLLM's ``ngram`` proposer semantics (``prompt_lookup_min/max``).
+"""A pure-Python prompt-lookup drafter: the baseline used until the embedded drafter is there.
 
-vLLM (``vllm/v1/spec_decode/ngram_proposer.py``, ``_find_longest_matched_ngram_and_propose_tokens``)
-reverses the context and runs a KMP scan capped at ``max_n``: it finds the longest ``n``
-(``min_n <= n <= max_n``) such that the context's last ``n`` tokens occur earlier, and among
-the occurrences of that ``n``-gram it keeps the one found last in the reversed scan (its
-``prev_lps >= longest_ngram`` update), that is the **earliest** occurrence in the context. The
-proposal is the up to ``k`` tokens that follow it, cut at the end of the context. The context
-is the request's own tokens (prompt + output so far); nothing is shared between requests.
-
-Here the same answer comes from an index instead of an O(n) scan per step: for each n-gram
-that has a continuation, the position after its first occurrence (kept with ``setdefault``,
-so it never moves). Building the index for a prompt is a few dict updates done in C.
+For each request it keeps the context (prompt plus generated tokens) and an index from every
+n-gram (``min_ngram <= n <= max_ngram``) to the position after its most recent occurrence that
+has a continuation. A draft is the continuation of the most recent earlier occurrence of the
+context's last ``max_ngram`` tokens (else ``max_ngram - 1`` ... else ``min_ngram``), cut to
+the budget, as one chain. This is the "prompt-lookup" sanity drafter of the shared workloads'
+README. Nothing is shared between requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lookahead_client._per_request import PerRequestDrafter, chain_tree
+from .per_request import PerRequestDrafter
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import DraftTree
 
-__all__ = ["VllmNgramDrafter"]
+__all__ = ["PromptLookupDrafter"]
 
 
 class _Context:
-    """One request's tokens and, per n-gram with a continuation, the first continuation."""
+    """One request's tokens and its n-gram index."""
 
-    __slots__ = ("tokens", "first", "sizes")
-
-    def __init__(self, prompt: Sequence[int], sizes: range) -> None:
-        toks = [int(t) for t in prompt]
-        self.tokens = toks
-        self.sizes = sizes
-        self.first: dict[tuple[int, ...], int] = {}
-        last = len(toks) - 1  # n-grams must end before the last token to have a continuation
-        for n in sizes:
-            if n > last:
-                continue
-            grams = list(zip(*(toks[i:last] for i in range(n)), strict=False))
-            # Reversed, so that the first occurrence is written last and wins.
-            self.first.update(zip(reversed(grams), range(last, n - 1, -1), strict=True))
+    def __init__(self, min_ngram: int, max_ngram: int) -> None:
+        self.tokens: list[int] = []
+        self.sizes = range(min_ngram, max_ngram + 1)
+        # (n-gram) -> the position right after its most recent occurrence with a continuation.
+        self.index: dict[tuple[int, ...], int] = {}
 
     def extend(self, new: Sequence[int]) -> None:
-        toks, first = self.tokens, self.first
+        toks = self.tokens
         for t in new:
-            end = len(toks)  # the n-grams ending at toks[end - 1] now get a continuation
+            # The n-grams ending at the current last token get a continuation (``t``).
+            end = len(toks)
             for n in self.sizes:
                 if n <= end:
-                    first.setdefault(tuple(toks[end - n : end]), end)
+                    self.index[tuple(toks[end - n : end])] = end
             toks.append(int(t))
 
-    def propose(self, k: int) -> list[int]:
+    def draft(self, budget: int) -> DraftTree:
         toks = self.tokens
-        total = len(toks)
+        root = toks[-1] if toks else -1
         for n in reversed(self.sizes):
-            if n > total:
+            if n > len(toks):
                 continue
-            start = self.first.get(tuple(toks[total - n :]))
+            start = self.index.get(tuple(toks[len(toks) - n :]))
             if start is not None:
-                return toks[start : start + k]
-        return []
+                chain = tuple(toks[start : start + budget])
+                k = len(chain)
+                return DraftTree(root, chain, tuple(range(-1, k - 1)), (1.0,) * k)
+        return DraftTree.empty(root)
 
 
-class VllmNgramDrafter(PerRequestDrafter):
-    """vLLM's n-gram (prompt lookup) proposer as a ``Drafter``: one chain of <= budget tokens.
+class PromptLookupDrafter(PerRequestDrafter):
+    """Prompt-lookup drafting (one chain per step), following the ``Drafter`` protocol.
 
     Args:
-        min_n: ``prompt_lookup_min`` (>= 1).
-        max_n: ``prompt_lookup_max`` (>= ``min_n``).
+        min_ngram: the shortest suffix that is looked up (>= 1).
+        max_ngram: the longest suffix that is looked up (>= ``min_ngram``).
     """
 
-    def __init__(self, min_n: int = 1, max_n: int = 5) -> None:
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3) -> None:
+        if min_ngram < 1:
+            raise InvalidArgumentError(
+                f"min_ngram must be >= 1, got {min_ngram}", field="min_ngram"
+            )
+        if max_ngram < min_ngram:
+            raise InvalidArgumentError(
+                f"max_ngram ({max_ngram}) must be >= min_ngram ({min_ngram})", field="max_ngram"
+            )
         super().__init__()
-        if min_n < 1:
-            raise InvalidArgumentError(f"min_n must be >= 1, got {min_n}", field="min_n")
-        if max_n < min_n:
-            raise InvalidArgumentError(f"max_n ({max_n}) must be >= min_n ({min_n})", field="max_n")
-        self._sizes = range(min_n, max_n + 1)
+        self._min, self._max = min_ngram, max_ngram
         self._contexts: dict[str, _Context] = {}
 
+    def __repr__(self) -> str:
+        return f"PromptLookupDrafter(min_ngram={self._min}, max_ngram={self._max})"
+
     def _start(self, request_id: str, prompt: Sequence[int]) -> None:
-        self._contexts[request_id] = _Context(prompt, self._sizes)
+        ctx = _Context(self._min, self._max)
+        ctx.extend(prompt)
+        self._contexts[request_id] = ctx
 
     def _append(self, request_id: str, tokens: Sequence[int]) -> None:
         self._contexts[request_id].extend(tokens)
 
     def _draft(self, request_id: str, budget: int) -> DraftTree:
-        ctx = self._contexts[request_id]
-        return chain_tree(ctx.tokens[-1], ctx.propose(budget))
+        return self._contexts[request_id].draft(budget)
 
     def _end(self, request_id: str) -> None:
         del self._contexts[request_id]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lookahead_client._per_request import PerRequestDrafter, chain_tree
+from lookahead_client.bench.baselines.per_request import PerRequestDrafter, chain_tree
 from lookahead_client.types import DraftTree
 
 __all__ = ["INSTALL_HINT", "SuffixDecodingDrafter"]

@@ -8,7 +8,7 @@
 2. per step, ask the drafter for one tree per request (:class:`~lookahead_client.types.Drafter`
    protocol), pack the trees (:mod:`lookahead_client.tree`) and run them in **one** forward
    pass over the KV cache, with a 4D tree attention mask and tree position ids;
-3. verify (:mod:`lookahead_client.verify`, greedy or lossless sampling), keep only the KV
+3. verify (:mod:`lookahead_client.hf.verify`, greedy or lossless sampling), keep only the KV
    entries of the root and the accepted nodes, and tell the drafter the emitted tokens.
 
 By default each step's trees are cut to the width that maximises expected tokens per second,
@@ -18,14 +18,14 @@ the drafter's core does the cut in its step (``DraftShape.SIZED_TREE``, one widt
 padded batch) against a curve of this model's measured step times
 (:class:`~lookahead_client.engine.step_cost.StepCostFeed`), with its scores calibrated at the
 sampling temperature. Other drafters (any :class:`~lookahead_client.types.Drafter`) are cut by
-a :class:`~lookahead_client.sizing.SizingPolicy` instead. What is learnt (step times, the
+a :class:`~lookahead_client.hf.sizing.SizingPolicy` instead. What is learnt (step times, the
 policy's calibration) is kept for later calls with the same model and drafter.
 
 With ``draft_mode`` the loop verifies one chain per request instead, cut from the drafter's
-tree (:mod:`lookahead_client.chains`), as a chain-verifying engine (vLLM) does:
+tree (:mod:`lookahead_client.hf.chains`), as a chain-verifying engine (vLLM) does:
 ``"best-chain"``, its most likely path; ``"sampled-chain"`` (temperature > 0), a path drawn
 from the tree's own next-token distributions and verified with them
-(:func:`~lookahead_client.verify.verify_chain_sampling`).
+(:func:`~lookahead_client.hf.verify.verify_chain_sampling`).
 
 Requests of a batch advance by different amounts, so the KV cache is a common array of slots
 with a per-request validity mask: a request's slots that another request needed hold garbage
@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .chains import best_chain, draft_probs_tensor, sample_chain
-from .cost import CostModel
-from .engine.step_cost import StepCostFeed
-from .errors import InvalidArgumentError
+from ..cost import CostModel
+from ..engine.step_cost import StepCostFeed
+from ..errors import InvalidArgumentError
 from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
-from .tree import TreeTensors, build_tree_tensors
-from .types import Drafter, DraftShape, StepRequest
+from ..tree import TreeTensors, build_tree_tensors
+from ..types import Drafter, DraftShape, StepRequest
 from .verify import SamplingParams, VerifyResult, sample_tokens, verify, verify_chain_sampling
 
 if TYPE_CHECKING:

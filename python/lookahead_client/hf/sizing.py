@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost import CostModel
-from .errors import InvalidArgumentError
-from .types import DraftTree
+from ..cost import CostModel
+from ..errors import InvalidArgumentError
+from ..types import DraftTree
 
 __all__ = ["AcceptanceCalibration", "RequestCorrection", "SizingPlan", "SizingPolicy", "LAYOUTS"]
 

@@ -8,7 +8,7 @@ chain from a drafter's tree:
   target's probability ``p(x)``;
 * :func:`sample_chain`: a path drawn from the tree's own next-token distribution ``q`` (at
   each node, its children weighted by their scores), handed to the verifier together with
-  ``q`` (:func:`lookahead_client.verify.verify_chain_sampling`): a token drawn from ``q`` is
+  ``q`` (:func:`lookahead_client.hf.verify.verify_chain_sampling`): a token drawn from ``q`` is
   accepted with probability ``min(1, p(x) / q(x))``, so a position is accepted with
   probability ``1 - TV(p, q)`` instead of ``p(x)``. Rollouts that sample one prompt many
   times are draws from the same policy, and the tree's counts estimate it.
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgumentError
-from .types import DraftTree
+from ..errors import InvalidArgumentError
+from ..types import DraftTree
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,7 @@ def sample_chain(tree: DraftTree, length: int, rng: random.Random) -> SampledCha
 def draft_probs_tensor(
     chains: Sequence[SampledChain], num_slots: int, vocab_size: int, device=None
 ) -> torch.Tensor:
-    """The ``draft_probs`` of :func:`lookahead_client.verify.verify_chain_sampling`: float32
+    """The ``draft_probs`` of :func:`lookahead_client.hf.verify.verify_chain_sampling`: float32
     ``[bs, num_slots, vocab_size]``, row ``i`` of request ``b`` the distribution its chain node
     ``i - 1`` was drawn from (zeros for the root and for slots past the chain).
 

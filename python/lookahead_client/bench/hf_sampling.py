@@ -1,6 +1,6 @@
 """Accepted draft tokens per step at temperature > 0, by draft mode, on a real model.
 
-Runs SmolLM2-135M-Instruct (see :mod:`lookahead_client.hf_bench`) through
+Runs SmolLM2-135M-Instruct (see :mod:`lookahead_client.bench.hf`) through
 :func:`lookahead_client.hf.speculative_generate` with sampling, once per draft mode, over a
 workload's prompts in file order: the samples of one rollout group run one after another, and
 each mode's drafter (embedded, kept for the whole run) learns from every earlier sample, its
@@ -9,10 +9,10 @@ tree of B nodes: one-hot drafts), ``sampled-chain:B`` (a path drawn from that tr
 next-token distributions, verified with them) and ``tree:B`` (the whole tree, verified as a
 tree); chains hold at most ``--chain-length`` tokens. Output is sampled, so no mode's text
 equals another's; the figure is accepted draft tokens per verification step, per half of the
-workload's groups (``A``/``B`` as in ``hf_bench``) and overall, and each mode's ratio to the
+workload's groups (``A``/``B`` as in :mod:`.hf`) and overall, and each mode's ratio to the
 first.
 
-Run: ``python -m lookahead_client.hf_sampling_bench --workload
+Run: ``python -m lookahead_client.bench.hf_sampling --workload
 ../shared/workloads/code-rollouts.jsonl --temperature 1``
 """
 
@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InvalidArgumentError
-from .hf_bench import load_smollm2, make_drafter, workload_prompts
+from lookahead_client.errors import InvalidArgumentError
+from .hf import load_smollm2, make_drafter, workload_prompts
 
 __all__ = ["SamplingVariant", "parse_sampling_variant", "main"]
 
@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from .hf import speculative_generate
-    from .verify import SamplingParams
+    from lookahead_client.hf import speculative_generate
+    from lookahead_client.hf.verify import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)

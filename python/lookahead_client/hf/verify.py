@@ -21,7 +21,7 @@ the bonus token.
 
 No Python loop runs over nodes or requests: the walk is a few ``[bs, d, d]`` tensor ops.
 
-Chains drawn from a draft distribution ``q`` (:func:`lookahead_client.chains.sample_chain`)
+Chains drawn from a draft distribution ``q`` (:func:`lookahead_client.hf.chains.sample_chain`)
 are verified by :func:`verify_chain_sampling`, the speculative sampling rule for a draft that
 is not deterministic: the token ``x`` at a position is accepted with probability
 ``min(1, p(x) / q(x))``; at the first rejected position the emitted token is drawn from the
@@ -35,12 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import torch
 
-    from .tree import TreeTensors
+    from ..tree import TreeTensors
 
 __all__ = [
     "SamplingParams",

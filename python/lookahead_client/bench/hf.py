@@ -10,7 +10,7 @@ plain ``generate`` (greedy) and with speculative generation, alternately, and th
 reports tokens per step, wall-clock and CPU time (the process's, all threads) and whether
 the outputs are identical.
 
-Run: ``python -m lookahead_client.hf_bench --workload ../shared/workloads/code-edit.jsonl``
+Run: ``python -m lookahead_client.bench.hf --workload ../shared/workloads/code-edit.jsonl``
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .errors import InvalidArgumentError
-from .sizing import SizingPolicy
+from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.hf.sizing import SizingPolicy
 
 __all__ = [
     "SMOLLM2_GGUF",
@@ -143,11 +143,11 @@ def workload_prompts(
 def make_drafter(kind: str, vocab_size: int):
     """A drafter by name: ``prompt-lookup`` or ``embedded`` (the Rust core, in-process)."""
     if kind == "prompt-lookup":
-        from .prompt_lookup import PromptLookupDrafter
+        from .baselines.prompt_lookup import PromptLookupDrafter
 
         return PromptLookupDrafter()
     if kind == "embedded":
-        from . import EmbeddedDrafter
+        from lookahead_client import EmbeddedDrafter
 
         return EmbeddedDrafter(vocab_size=vocab_size)
     raise InvalidArgumentError(f"unknown drafter {kind!r}", field="drafter")
@@ -161,7 +161,7 @@ class Variant:
         name: as given on the command line (``plain``, ``hf-prompt-lookup``, ``fixed:B``,
             ``policy:B``, ``sized:B``).
         kind: ``plain``, ``hf-prompt-lookup``, ``fixed`` (whole trees), ``policy`` (cut by a
-            :class:`~lookahead_client.sizing.SizingPolicy`) or ``sized`` (sized by the
+            :class:`~lookahead_client.hf.sizing.SizingPolicy`) or ``sized`` (sized by the
             drafter's core against the model's measured step times: the default).
         budget: the most draft nodes per step (lookahead variants).
     """
@@ -272,7 +272,7 @@ class _Runner:
     def run(self, variant: Variant, rid: str, ids: Sequence[int], max_new_tokens: int):
         import torch
 
-        from .hf import speculative_generate
+        from lookahead_client.hf import speculative_generate
 
         if not variant.lookahead:
             extra = {"prompt_lookup_num_tokens": 10} if variant.kind == "hf-prompt-lookup" else {}
