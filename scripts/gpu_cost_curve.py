@@ -234,7 +234,7 @@ def policy_table(points: list[dict], context: int) -> dict:
     """For each draft quality and measured batch size: the width the sizing policy verifies
     (on the measured curve, fitted) and the expected speed-up over plain decoding."""
     from lookahead_client.cost import CostModel
-    from lookahead_client.sizing import SizingPolicy
+    from lookahead_client.hf.sizing import SizingPolicy
     from lookahead_client.types import DraftTree
 
     cost = CostModel.from_measurements(points)

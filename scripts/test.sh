@@ -65,6 +65,10 @@ step "ruff"
 ruff check python tests
 ruff format --check python tests
 
+step "types: mypy over python/ (pyproject's [tool.mypy]), the native stubs against the build"
+python -m mypy
+python -m mypy.stubtest lookahead_client._native
+
 step "pytest"
 python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine --ignore=tests/vllm034 \
     --ignore=tests/sglang_engine

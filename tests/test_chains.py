@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from lookahead_client.chains import best_chain, draft_probs_tensor, sample_chain
 from lookahead_client.errors import InvalidArgumentError
+from lookahead_client.hf.chains import best_chain, draft_probs_tensor, sample_chain
 from lookahead_client.types import DraftTree
 
 # root -> 10 (0.6) -> 12 (0.5), 13 (0.1); root -> 11 (0.3) -> 14 (0.3); root -> 15 (0.0)

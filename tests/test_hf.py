@@ -19,15 +19,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from lookahead_client.bench.baselines.prompt_lookup import PromptLookupDrafter
 from lookahead_client.cost import CostModel
 from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.hf import speculative_generate
-from lookahead_client.prompt_lookup import PromptLookupDrafter
-from lookahead_client.sizing import SizingPolicy
+from lookahead_client.hf.sizing import SizingPolicy
+from lookahead_client.hf.verify import SamplingParams, warp_logits
 from lookahead_client.types import DraftTree, StepRequest
-from lookahead_client.verify import SamplingParams, warp_logits
 from test_verify import assert_same_law
 
 
@@ -109,7 +109,7 @@ class OracleTreeDrafter:
         future = self._continuations[tuple(prompt)]
         self._requests[request_id] = (list(prompt), len(prompt), future)
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         out = []
         for req in requests:
             if req.prompt is not None:
@@ -363,7 +363,7 @@ class ModelTreeDrafter:
             self._trees[key] = DraftTree(context[-1], tokens, (-1, -1, 0, 0, 1, 1), self._scores)
         return self._trees[key]
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         out = []
         for req in requests:
             if req.prompt is not None:
@@ -502,7 +502,7 @@ def test_smollm2_greedy_equals_generate():
     between one tree pass and ``generate``'s one-token passes stay far below the argmax gaps.
     """
     from lookahead_client import EmbeddedDrafter
-    from lookahead_client.hf_bench import load_smollm2
+    from lookahead_client.bench.hf import load_smollm2
 
     model, tokenizer = load_smollm2()
     questions = [
@@ -527,18 +527,18 @@ def test_smollm2_greedy_equals_generate():
 
 
 def test_sampling_bench_reports_each_mode_per_half(tmp_path, capsys):
-    """``python -m lookahead_client.hf_sampling_bench`` on three prompts of the packaged demo
+    """``python -m lookahead_client.bench.hf_sampling`` on three prompts of the packaged demo
     workload (two groups: one per half) with SmolLM2 at temperature 1: a row per prompt, totals
     per half and overall, ratios to the first mode; bad arguments name their field."""
     import json
 
-    from lookahead_client import hf_sampling_bench
+    from lookahead_client.bench import hf_sampling
     from lookahead_client.bench.workload import DEMO_WORKLOAD
 
     out = tmp_path / "bench.json"
     argv = f"--workload {DEMO_WORKLOAD} --limit 3 --max-new-tokens 8 --threads 1".split()
     variants = ["--variants", "best-chain:8,sampled-chain:8"]
-    assert hf_sampling_bench.main(argv + variants + ["--out", str(out)]) == 0
+    assert hf_sampling.main(argv + variants + ["--out", str(out)]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     rows = [x for x in lines if "runs" in x]
     assert [r["done"] for r in rows] == ["1/3", "2/3", "3/3"]
@@ -557,5 +557,5 @@ def test_sampling_bench_reports_each_mode_per_half(tmp_path, capsys):
         (["--temperature", "0"], "temperature"),
     ]:
         with pytest.raises(InvalidArgumentError) as err:
-            hf_sampling_bench.main(argv + bad)
+            hf_sampling.main(argv + bad)
         assert err.value.field == field

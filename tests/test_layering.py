@@ -1,10 +1,15 @@
 """The Rust crates' modules depend on each other one way: no import circle in the core or the
 server. A module's dependencies are the crate modules its code names: ``crate::x`` paths,
 grouped ones (``crate::{x, y::Z}``) and ``super::`` paths that climb to the crate root; comments
-(doc links among them) and inline test modules are left out."""
+(doc links among them) and inline test modules are left out.
+
+The Python package's production code (the library at its top level and the engine
+integrations) imports neither the benchmarks (``bench``), the Hugging Face loop (``hf``) nor
+the processes tests start (``processes``); the HF loop does not import the benchmarks."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -118,3 +123,65 @@ def test_the_reader_follows_grouped_and_super_paths() -> None:
     assert top_modules_named("use super::{draft, tree::Tree};", ["drafter"]) == {"draft", "tree"}
     assert top_modules_named("use super::wire;", ["cluster", "consumer"]) == {"cluster"}
     assert top_modules_named("let x = crate::config::X;", ["a"]) == {"config"}
+
+
+PACKAGE = ROOT / "python" / "lookahead_client"
+# The parts outside production code, and what each layer must not import ("": production).
+_OUTSIDE_PRODUCTION = ("bench", "hf", "processes")
+_BANNED = {"": {"bench", "hf", "processes"}, "hf": {"bench", "processes"}}
+
+
+def python_imports(path: Path, package_root: Path = PACKAGE) -> set[str]:
+    """The ``lookahead_client`` modules a Python file imports, at any depth in the file, as
+    dotted paths below the package (``bench.sharing``; ``""`` the package itself); relative
+    imports are resolved from the file's place under ``package_root``."""
+    package = list(path.relative_to(package_root).parent.parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1] + [node.module or ""]
+            module = ".".join(filter(None, ["lookahead_client", *base]))
+            # ``from . import x``: x may be a module of the package.
+            names = [f"{module}.{a.name}" for a in node.names] if not node.module else [module]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            if name == "lookahead_client" or name.startswith("lookahead_client."):
+                found.add(name.removeprefix("lookahead_client").removeprefix("."))
+    return found
+
+
+def test_python_production_code_imports_no_benchmark_loop_or_test_helper() -> None:
+    broken = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        first = path.relative_to(PACKAGE).parts[0]
+        if first == "_proto":
+            continue
+        banned = _BANNED.get(first if first in _OUTSIDE_PRODUCTION else "", set())
+        for module in python_imports(path):
+            if module.split(".")[0] in banned:
+                broken.append(f"{path.relative_to(PACKAGE)} imports lookahead_client.{module}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_python_reader_resolves_relative_imports(tmp_path: Path) -> None:
+    (tmp_path / "vllm").mkdir()
+    module = tmp_path / "vllm" / "x.py"
+    module.write_text(
+        "from ..bench import sharing\n"
+        "from . import drafting\n"
+        "def f():\n"
+        "    import lookahead_client.hf.sizing\n"
+        "    from lookahead_client.processes.server import ServerProcess\n"
+        "import numpy\n"
+    )
+    assert python_imports(module, tmp_path) == {
+        "bench",
+        "vllm.drafting",
+        "hf.sizing",
+        "processes.server",
+    }

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from lookahead_client.bench.baselines.prompt_lookup import PromptLookupDrafter
 from lookahead_client.errors import (
     InvalidArgumentError,
     RequestAlreadyActiveError,
     UnknownRequestError,
 )
-from lookahead_client.prompt_lookup import PromptLookupDrafter
 from lookahead_client.types import Drafter, StepRequest
 
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from lookahead_client._per_request import chain_tree
 from lookahead_client.bench import cli
 from lookahead_client.bench.baselines import VllmNgramDrafter
+from lookahead_client.bench.baselines.per_request import chain_tree
 from lookahead_client.bench.registry import (
     DRAFTERS,
     DrafterOptions,
@@ -38,7 +38,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[list[tuple[str, bool, tuple[int, ...], bool]]] = []
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         self.calls.append(
             [
                 (r.request_id, r.prompt is not None, tuple(r.new_tokens), r.finished)
@@ -58,7 +58,7 @@ class Oracle:
         self.responses = {r.id: r.response for r in workload.requests}
         self.known: dict[str, int] = {}
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         out = []
         for r in requests:
             pos = self.known.get(r.request_id, 0) + len(r.new_tokens)
@@ -87,7 +87,7 @@ class Bigram:
             prev = t
         self.last[rid] = prev
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         out = []
         for r in requests:
             if r.prompt is not None:
@@ -235,11 +235,11 @@ def test_protocol_violations_are_reported():
     w = wl(("a", [1], [1, 2, 3]))
 
     class TooBig(Recorder):
-        def step(self, requests):
+        def step(self, requests, cost=None):
             return [DraftTree(-1, (1, 2, 3), (-1, 0, 1), (1.0,) * 3) for _ in requests]
 
     class TooFew(Recorder):
-        def step(self, requests):
+        def step(self, requests, cost=None):
             return []
 
     with pytest.raises(ReplayError, match="3 nodes .* budget 2"):

@@ -190,7 +190,7 @@ class _Scripted:
         self.calls = 0
         self.release = threading.Event()
 
-    def step(self, requests):
+    def step(self, requests, cost=None):
         self.calls += 1
         if self.action == "raise":
             raise RuntimeError("boom")

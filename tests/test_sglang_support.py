@@ -169,9 +169,9 @@ class RecordingDrafter:
         self.inner = inner
         self.steps: list[list[StepRequest]] = []
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         self.steps.append(list(requests))
-        return self.inner.step(requests)
+        return self.inner.step(requests, cost)
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         self.inner.start(request_id, prompt)
@@ -193,11 +193,11 @@ class BrokenDrafter(RecordingDrafter):
         super().__init__(inner)
         self.broken = False
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         if self.broken:
             self.steps.append(list(requests))
             raise RuntimeError("drafter crashed (test)")
-        return super().step(requests)
+        return super().step(requests, cost)
 
 
 class SlowDrafter(RecordingDrafter):
@@ -207,18 +207,18 @@ class SlowDrafter(RecordingDrafter):
         super().__init__(inner)
         self.delay = delay
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
         if self.delay > 0:
             time.sleep(self.delay)
-        return super().step(requests)
+        return super().step(requests, cost)
 
 
 class ForeignVocabDrafter(RecordingDrafter):
     """Answers with trees whose tokens are outside the model's vocabulary (as a server
     namespace of another model would)."""
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        trees = super().step(requests)
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
+        trees = super().step(requests, cost)
         return [
             DraftTree(t.root, (VOCAB + 7,), (-1,), (0.9,)) if not r.finished else t
             for t, r in zip(trees, requests, strict=True)

@@ -12,7 +12,7 @@ import pytest
 
 from lookahead_client.cost import CostModel, token_knots
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.sizing import AcceptanceCalibration, SizingPolicy
+from lookahead_client.hf.sizing import AcceptanceCalibration, SizingPolicy
 from lookahead_client.types import DraftTree
 
 
@@ -478,7 +478,7 @@ def test_per_request_correction_tells_requests_apart():
 
 
 def test_request_correction_is_bounded():
-    from lookahead_client.sizing import RequestCorrection
+    from lookahead_client.hf.sizing import RequestCorrection
 
     correction = RequestCorrection(max_requests=3)
     for i in range(10):
@@ -495,7 +495,7 @@ def test_path_probabilities_never_rise_along_a_path():
     differently for a node and its parent: without care a child comes out an ulp above its
     parent (this happens for several percent of these random trees), is ranked first and
     kept without its parent. The cut must stay a tree."""
-    from lookahead_client.sizing import _StepNodes
+    from lookahead_client.hf.sizing import _StepNodes
 
     rng = np.random.default_rng(0)
     for _ in range(3000):

@@ -16,9 +16,7 @@ from transformers.generation.logits_process import (
 )
 
 from lookahead_client.errors import InvalidArgumentError
-from lookahead_client.tree import pack_trees, tree_tensors
-from lookahead_client.types import DraftTree
-from lookahead_client.verify import (
+from lookahead_client.hf.verify import (
     SamplingParams,
     verify,
     verify_chain_sampling,
@@ -27,6 +25,8 @@ from lookahead_client.verify import (
     verify_tree,
     warp_logits,
 )
+from lookahead_client.tree import pack_trees, tree_tensors
+from lookahead_client.types import DraftTree
 from test_tree import VECTOR_MASK, VECTOR_TOKENS, random_tree
 
 

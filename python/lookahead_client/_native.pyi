@@ -1,9 +1,17 @@
 """Type stubs of the native module (Rust, PyO3). Use the wrappers in lookahead_client."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self, final
 
 import numpy as np
+
+__all__ = [
+    "NativeDrafter",
+    "check_drafter_config",
+    "drafter_defaults",
+    "pack_slots",
+    "run_server",
+]
 
 _RawTree = tuple[int, list[int], list[int], list[float]]
 #: (request_id, prompt or None, new_tokens, accepted_last, finished, budget, group or None,
@@ -28,11 +36,12 @@ _Slots = tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str, str]]
 ]
 
+@final
 class NativeDrafter:
     """The embedded drafter's core; see ``lookahead_client.EmbeddedDrafter``."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         memory_budget_bytes: int | None = None,
         max_ngram: int | None = None,
         max_budget: int | None = None,
@@ -40,7 +49,7 @@ class NativeDrafter:
         chain: bool | None = None,
         vocab_size: int | None = None,
         max_request_tokens: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def start(self, request_id: str, prompt: Sequence[int]) -> None: ...
     def append(self, request_id: str, new_tokens: Sequence[int]) -> None: ...
     def draft(self, request_id: str, budget: int) -> _RawTree: ...

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -312,7 +313,7 @@ class CostModel:
     # -- persistence ------------------------------------------------------------------------
 
     @classmethod
-    def from_measurements(cls, rows: Iterable[Mapping[str, float]], **settings: float) -> CostModel:
+    def from_measurements(cls, rows: Iterable[Mapping[str, float]], **settings: Any) -> CostModel:
         """A model fitted to measured steps (without forgetting between them).
 
         Args:

@@ -40,6 +40,9 @@ class EmbeddedDrafter:
         InvalidArgumentError: a setting is out of range (``field`` names it).
     """
 
+    #: The core cuts sized shapes against the engine's cost (see ``Drafter``).
+    sizes_drafts = True
+
     def __init__(
         self,
         *,
@@ -51,7 +54,7 @@ class EmbeddedDrafter:
         vocab_size: int = DRAFTER_DEFAULTS["vocab_size"],
         max_request_tokens: int = DRAFTER_DEFAULTS["max_request_tokens"],
     ) -> None:
-        self._config = {
+        self._config: dict[str, Any] = {
             "memory_budget_bytes": memory_budget_bytes,
             "max_ngram": max_ngram,
             "max_budget": max_budget,

@@ -146,15 +146,16 @@ def pack_trees(
         )
     batch = DraftBatch.from_trees(trees)
     if roots is None:
-        roots = batch.roots
+        used: Sequence[int] | np.ndarray = batch.roots
     else:  # the given roots stand for the trees' own
+        used = roots
         batch.roots[:] = -1
-    for b, root in enumerate(roots):
+    for b, root in enumerate(used):
         if root < 0:
             raise InvalidArgumentError(
                 f"tree {b} has no root token ({root}); pass roots=", field="roots"
             )
-    packed = pack_batch(batch, num_slots, roots, _ANY_TOKEN)
+    packed = pack_batch(batch, num_slots, used, _ANY_TOKEN)
     if packed.problems:
         index, _, message = packed.problems[0]
         raise InvalidArgumentError(f"tree {index}: {message}", field="trees")

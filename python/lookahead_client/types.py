@@ -277,7 +277,13 @@ class DraftBatch:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """What every drafter offers: the embedded one, the remote one, the baselines."""
+    """What every drafter offers: the embedded one, the remote one, the baselines.
+
+    A drafter that cuts sized shapes (``DraftShape.SIZED_*``) against the engine's ``cost``
+    itself says so with a class attribute ``sizes_drafts = True`` (lookahead's drafters: their
+    core does); the others take ``cost``, ignore it and propose whole trees, which the caller
+    cuts (the HF loop's :class:`~lookahead_client.hf.sizing.SizingPolicy`).
+    """
 
     def start(self, request_id: str, prompt: Sequence[int]) -> None:
         """Begins a request with its prompt."""

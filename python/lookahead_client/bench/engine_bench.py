@@ -344,7 +344,8 @@ def print_tables(
             head = "".join(f" {h:>{width}}" for h, width, _ in columns)
             print(f"  {title:16} {'tok/s':>7} {'x plain':>21}{head} {'same':>4}")
             for name, e in rows.items():
-                fast = Spread(e[f"speedup_{p}"], *e["ranges"][f"speedup_{p}"], rounds)
+                low, high = e["ranges"][f"speedup_{p}"]
+                fast = Spread(e[f"speedup_{p}"], low, high, rounds)
                 cells = "".join(f" {cell(e, p):>{width}}" for _, width, cell in columns)
                 print(f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21}{cells} {_same(e, p):>4}")
         print(

@@ -278,7 +278,7 @@ class _Runner:
             extra = {"prompt_lookup_num_tokens": 10} if variant.kind == "hf-prompt-lookup" else {}
             inputs = torch.tensor([list(ids)])
 
-            def generate():
+            def generate_plain():
                 with torch.inference_mode():
                     out = self.model.generate(
                         inputs,
@@ -291,7 +291,7 @@ class _Runner:
                     )
                 return out[0, len(ids) :].tolist(), {}
 
-            return _timed(generate)
+            return _timed(generate_plain)
 
         def generate():
             result = speculative_generate(

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lookahead_client.errors import InvalidArgumentError
+
 from .hf import load_smollm2, make_drafter, workload_prompts
 
 __all__ = ["SamplingVariant", "parse_sampling_variant", "main"]

@@ -7,6 +7,7 @@ import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .replay import ReplayResult, ReplaySettings
 
@@ -131,7 +132,7 @@ def plot_mat(path: str | Path, rows: Sequence[dict]) -> None:
     cols = min(len(workloads), 3)
     nrows = -(-len(workloads) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
-    handles: dict[str, object] = {}
+    handles: dict[str, Any] = {}
     for ax, workload in zip(axes.flat, workloads, strict=False):
         lines: dict[tuple[str, tuple], list[tuple[int, float]]] = {}
         for r in rows:

@@ -343,14 +343,14 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
     }
     for _, name in _TIMED:
         out[f"{name}_ms"] = per(total.get(f"{name}_s", 0.0), total.get(f"{name}_calls", 0.0), 1e3)
-    look = {
+    look: dict[str, float | None] = {
         k.removeprefix("lookahead_"): round(v, 2)
         for k, v in total.items()
         if k.startswith("lookahead_")
     }
     if look:
         look["accepted_over_expected"] = per(
-            look.get("accepted_drafts", 0.0), look.get("expected_drafts", 0.0)
+            total.get("lookahead_accepted_drafts", 0.0), total.get("lookahead_expected_drafts", 0.0)
         )
         out["lookahead"] = look
     return out

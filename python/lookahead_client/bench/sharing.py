@@ -163,7 +163,7 @@ def serve_share(
     barrier.wait(slot)  # every engine started and warmed up
     out: dict[str, Any] = {}
     for workload, plan in spec["traffic"].items():
-        rows = {
+        rows: dict[str, dict[str, Any]] = {
             kind: {
                 "n": 1,
                 "temperature": 0.0,

@@ -287,7 +287,7 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         "mal": ratio(drafts + accepted, drafts),
     }
     if "steps" in total:  # lookahead's own counters
-        look = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
+        look: dict[str, float | None] = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
         look["proposer_ms_per_step"] = ratio(1e3 * total["proposer_s"], total["proposer_calls"])
         look["accepted_over_expected"] = ratio(total["accepted_drafts"], total["expected_drafts"])
         out["lookahead"] = look

@@ -105,10 +105,12 @@ def _token_list(value: object, where: str, field: str, line: int) -> tuple[int, 
     return tuple(value)
 
 
-def _text(record: dict, key: str, where: str, line: int, *, required: bool) -> str | None:
+def _optional_text(record: dict, key: str, where: str, line: int) -> str | None:
     value = record.get(key)
-    if value is None and not required:
-        return None
+    return None if value is None else _required_text(value, key, where, line)
+
+
+def _required_text(value: object, key: str, where: str, line: int) -> str:
     if not isinstance(value, str) or not value:
         raise WorkloadError(
             f"{where}: field {key!r} must be a non-empty string, got {value!r}",
@@ -159,10 +161,10 @@ def parse_lines(lines: Iterable[str], source: str = "<workload>", limit: int | N
                 field=unknown[0],
                 line=number,
             )
-        rid = _text(record, "id", where, number, required=True)
+        rid = _required_text(record.get("id"), "id", where, number)
         if rid in seen:
             raise WorkloadError(f"{where}: id {rid!r} repeats", field="id", line=number)
-        after = _text(record, "after", where, number, required=False)
+        after = _optional_text(record, "after", where, number)
         if after is not None and after not in seen:
             raise WorkloadError(
                 f"{where}: field 'after' = {after!r} does not name an earlier request",
@@ -172,7 +174,7 @@ def parse_lines(lines: Iterable[str], source: str = "<workload>", limit: int | N
         requests.append(
             Request(
                 id=rid,
-                group=_text(record, "group", where, number, required=True),
+                group=_required_text(record.get("group"), "group", where, number),
                 prompt=_token_list(record["prompt"], where, "prompt", number),
                 response=_token_list(record["response"], where, "response", number),
                 after=after,

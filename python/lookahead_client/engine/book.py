@@ -19,8 +19,15 @@ import itertools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lookahead_client.types import DraftShape, StepRequest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    #: A piece of a request's tokens: a list, or the engine's own array.
+    Tokens = Sequence[int] | np.ndarray
 
 __all__ = ["RequestView", "StepPlan", "RequestBook"]
 
@@ -30,7 +37,7 @@ _MAX_FAILURES = 2
 _MAX_OWED_ENDS = 4096
 
 
-def _ints(piece: Sequence[int]) -> list[int]:
+def _ints(piece: Tokens) -> list[int]:
     """A piece of a request as Python ints (vLLM's pieces are numpy rows)."""
     tolist = getattr(piece, "tolist", None)
     return tolist() if tolist is not None else list(piece)
@@ -53,9 +60,9 @@ class RequestView:
     def __init__(
         self,
         rid: str,
-        prompt: Sequence[int],
-        output: Sequence[int],
-        spliced: Sequence[int] = (),
+        prompt: Tokens,
+        output: Tokens,
+        spliced: Tokens = (),
         temperature: float = 0.0,
         start: int = 0,
     ) -> None:

@@ -103,7 +103,7 @@ class LookaheadConfig:
             context_len: the target model's context length (the embedded drafter accepts
                 requests at least that long).
         """
-        if self.embedded:
+        if self.target is None:  # embedded
             from lookahead_client.embedded import EmbeddedDrafter
 
             return EmbeddedDrafter(

@@ -80,11 +80,9 @@ class _Call:
 
     def step(self, drafter: Drafter) -> Any:
         """The drafter's step: its columns where it gives them (``step_batch``), else its
-        trees (the cost only where there is one: baselines take none)."""
+        trees."""
         if _has_own_step_batch(drafter):
             return drafter.step_batch(self.requests, self.cost)  # type: ignore[attr-defined]
-        if self.cost is None:
-            return drafter.step(self.requests)
         return drafter.step(self.requests, self.cost)
 
 
@@ -119,10 +117,10 @@ def _outcome_of(call: _Call) -> Outcome:
                 return Outcome(None, None, error=str(e))
         got = len(result) if isinstance(result, list | DraftBatch) else type(result).__name__
         return Outcome(None, None, error=f"the drafter returned {got} trees for {n} requests")
-    error = call.error
-    reason = f"{type(error).__name__}: {error}"
+    failure = call.error
+    reason = f"{type(failure).__name__}: {failure}"
     # RemoteDrafter attaches the step's other trees and the refused request's index.
-    trees, index = getattr(error, "trees", None), getattr(error, "index", None)
+    trees, index = getattr(failure, "trees", None), getattr(failure, "index", None)
     if isinstance(trees, list) and len(trees) == n and isinstance(index, int) and 0 <= index < n:
         try:
             return Outcome(DraftBatch.from_trees(trees), frozenset({index}), error=reason)

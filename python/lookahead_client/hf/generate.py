@@ -37,22 +37,21 @@ float mask, shape ``[bs, 1, q, kv]``) and ``DynamicCache.layers[i].keys/values``
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import random
 import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .chains import best_chain, draft_probs_tensor, sample_chain
 from ..cost import CostModel
 from ..engine.step_cost import StepCostFeed
 from ..errors import InvalidArgumentError
-from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from ..tree import TreeTensors, build_tree_tensors
 from ..types import Drafter, DraftShape, StepRequest
+from .chains import best_chain, draft_probs_tensor, sample_chain
+from .sizing import AcceptanceCalibration, SizingPlan, SizingPolicy
 from .verify import SamplingParams, VerifyResult, sample_tokens, verify, verify_chain_sampling
 
 if TYPE_CHECKING:
@@ -83,12 +82,9 @@ def _remembered(store: weakref.WeakKeyDictionary, key: object, make):
 
 
 def _sizes_natively(drafter: Drafter) -> bool:
-    """Whether the drafter's step takes an :class:`~lookahead_client.types.EngineCost`
-    (lookahead's own drafters: their core sizes the trees)."""
-    try:
-        return "cost" in inspect.signature(drafter.step).parameters
-    except (TypeError, ValueError):
-        return False
+    """Whether the drafter cuts sized shapes itself against an
+    :class:`~lookahead_client.types.EngineCost` (lookahead's own drafters: their core does)."""
+    return bool(getattr(drafter, "sizes_drafts", False))
 
 
 def default_policy(model, drafter: Drafter) -> SizingPolicy:
@@ -145,7 +141,7 @@ class _Batch:
     last known token (not cached); ``rows[b]`` its index among the prompts.
     """
 
-    cache: object
+    cache: Any
     valid: torch.Tensor
     lengths: torch.Tensor
     roots: torch.Tensor
@@ -464,12 +460,16 @@ def speculative_generate(
             if isinstance(sizing, StepCostFeed)
             else _remembered(_model_feeds, model, lambda: StepCostFeed(padded=True))
         )
-    policy = (
-        None if native else default_policy(model, drafter) if sizing is True else sizing or None
-    )
+    policy: SizingPolicy | None = None
+    if sizing is True and not native:
+        policy = default_policy(model, drafter)
+    elif isinstance(sizing, SizingPolicy):
+        policy = sizing
     # what the step requests ask the drafter for (the core's sizing, at the temperature)
-    shape = DraftShape.SIZED_TREE if native else DraftShape.TREE
-    asked = {"shape": shape, "temperature": float(params.temperature)}
+    asked: dict[str, Any] = {
+        "shape": DraftShape.SIZED_TREE if native else DraftShape.TREE,
+        "temperature": float(params.temperature),
+    }
     # the chains' draws: reproducible with a seeded generator
     chain_rng = (
         random.Random(generator.initial_seed() if generator is not None else None)
@@ -498,12 +498,12 @@ def speculative_generate(
         while batch.rows:
             started = policy.clock() if policy is not None else 0.0
             cost = feed.curve() if feed is not None else None
-            drafted = drafter.step(pending) if cost is None else drafter.step(pending, cost)
+            drafted = drafter.step(pending, cost)
             trees = [t for t, req in zip(drafted, pending, strict=True) if not req.finished]
             sampled = None
             if draft_mode == "best-chain":
                 trees = [best_chain(t, chain_length) for t in trees]
-            elif draft_mode == "sampled-chain":
+            elif chain_rng is not None:  # sampled-chain
                 sampled = [sample_chain(t, chain_length, chain_rng) for t in trees]
                 trees = [c.chain for c in sampled]
             plan = None
@@ -550,7 +550,7 @@ def speculative_generate(
             )
             if len(keep) < len(rows):
                 batch.select(keep)
-            if plan is not None:
+            if plan is not None and policy is not None:
                 # Slot s of a tree holds node s - 1; the accepted slots follow the root.
                 accepted = [
                     [s - 1 for s in index[1 : k + 1]]

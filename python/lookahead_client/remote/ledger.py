@@ -214,7 +214,7 @@ class RemoteStep:
                 float(r.temperature),
                 r.offset,
             )
-            if kind == _TRACKED:
+            if kind == _TRACKED and tracked is not None:
                 # the ledger knows where the tokens start; unconfirmed ones go out again
                 entry.offset = tracked.held
                 entry.new_tokens = tracked.tokens[tracked.held :] + new

@@ -99,6 +99,9 @@ class RemoteSettings:
             server started with ``--tls-cert``; None: plaintext.
     """
 
+    #: The server's core cuts sized shapes against the engine's cost (see ``Drafter``).
+    sizes_drafts = True
+
     _SETTINGS = (
         "target",
         "namespace",

@@ -173,10 +173,10 @@ def error_from_request_error(error: pb.RequestError) -> LookaheadError:
 
 
 _new_tree = object.__new__
-_set_root = DraftTree.root.__set__  # type: ignore[attr-defined]
-_set_tokens = DraftTree.tokens.__set__  # type: ignore[attr-defined]
-_set_parents = DraftTree.parents.__set__  # type: ignore[attr-defined]
-_set_scores = DraftTree.scores.__set__  # type: ignore[attr-defined]
+_set_root = DraftTree.root.__set__  # type: ignore[attr-defined, misc]
+_set_tokens = DraftTree.tokens.__set__  # type: ignore[attr-defined, misc]
+_set_parents = DraftTree.parents.__set__  # type: ignore[attr-defined, misc]
+_set_scores = DraftTree.scores.__set__  # type: ignore[attr-defined, misc]
 
 
 def server_tree(

@@ -99,7 +99,9 @@ def run_scheduler_process(
     import sglang.srt.plugins as plugins
 
     if inner is None:
-        from sglang.srt.managers.scheduler import run_scheduler_process as inner
+        from sglang.srt.managers.scheduler import run_scheduler_process as sglang_entry
+
+        inner = sglang_entry
     # SGLang's entry starts with load_plugins(), which applies every registered hook (ours
     # included) once all plugins have registered theirs; apply now only if that already ran.
     install(config, apply=bool(getattr(plugins, "_plugins_loaded", True)))

@@ -56,7 +56,9 @@ def broadcast_share(rank: int, src: int, cpu_group: Any) -> Share:
     def share(arrays: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
         box = [arrays if drafts_here else None]
         dist.broadcast_object_list(box, src=src, group=cpu_group)
-        return box[0]
+        shared = box[0]
+        assert shared is not None  # the drafting rank always sends its arrays
+        return shared
 
     return share
 
@@ -272,7 +274,7 @@ class DrafterCorpus:
                 )
                 self.book.resync(req_ids[i])
         known = [i for i, v in enumerate(views) if v is not None]
-        plan = self.book.plan([views[i] for i in known])
+        plan = self.book.plan([v for v in views if v is not None])  # in the order of known
         if not plan.requests:
             return self._root_only(roots)
         outcome = guard.run(plan.requests, token=plan)
@@ -319,9 +321,9 @@ class DrafterCorpus:
 
     # -- observability ----------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int | bool]:
+    def stats(self) -> dict[str, int | float | bool]:
         """Counters of this process's drafting (steps, drafts, fallbacks, resyncs...)."""
-        out: dict[str, int | bool] = {
+        out: dict[str, int | float | bool] = {
             "steps": self.steps,
             "drafted_requests": self.drafted_requests,
             "draft_nodes": self.draft_nodes,

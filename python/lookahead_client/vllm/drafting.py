@@ -48,8 +48,8 @@ class Row:
 
     index: int
     rid: str
-    prompt: Sequence[int]
-    output: Sequence[int]
+    prompt: Sequence[int] | np.ndarray
+    output: Sequence[int] | np.ndarray
     temperature: float
     room: int
     start: int = 0

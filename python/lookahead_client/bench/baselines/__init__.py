@@ -7,8 +7,8 @@
 The last two import their engines lazily (they are optional dependencies).
 """
 
-from .vllm_ngram import VllmNgramDrafter
 from .sglang_ngram import SglangNgramDrafter
 from .suffix import SuffixDecodingDrafter
+from .vllm_ngram import VllmNgramDrafter
 
 __all__ = ["SglangNgramDrafter", "SuffixDecodingDrafter", "VllmNgramDrafter"]

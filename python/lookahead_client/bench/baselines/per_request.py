@@ -11,7 +11,7 @@ from lookahead_client.errors import (
     RequestAlreadyActiveError,
     UnknownRequestError,
 )
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
 __all__ = ["PerRequestDrafter", "chain_tree"]
 
@@ -77,8 +77,14 @@ class PerRequestDrafter(ABC):
         if request_id not in self._active:
             raise UnknownRequestError(f"request {request_id!r} is not active", field="request_id")
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        """Feeds each request its new tokens and drafts one tree each (none when finished)."""
+    #: Whole trees whatever the shape: the caller cuts them (see ``Drafter``).
+    sizes_drafts = False
+
+    def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
+        """Feeds each request its new tokens and drafts one tree each (none when finished);
+        ``cost`` is not used (whole trees)."""
         out = []
         for req in requests:
             if req.budget < 0:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .per_request import PerRequestDrafter
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import DraftTree
+
+from .per_request import PerRequestDrafter
 
 __all__ = ["PromptLookupDrafter"]
 

@@ -45,7 +45,7 @@ from lookahead_client.errors import (
     RequestAlreadyActiveError,
     UnknownRequestError,
 )
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftTree, EngineCost, StepRequest
 
 __all__ = ["INSTALL_HINT", "SglangNgramDrafter"]
 
@@ -167,8 +167,14 @@ class SglangNgramDrafter:
             raise UnknownRequestError(f"request {request_id!r} is not active", field="request_id")
         self._corpus.erase_match_state([request_id])
 
-    def step(self, requests: Sequence[StepRequest]) -> list[DraftTree]:
-        """One engine step: ``batch_get`` for every drafting request, then ``batch_put``."""
+    #: Whole trees whatever the shape: the caller cuts them (see ``Drafter``).
+    sizes_drafts = False
+
+    def step(
+        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
+    ) -> list[DraftTree]:
+        """One engine step: ``batch_get`` for every drafting request, then ``batch_put``;
+        ``cost`` is not used (whole trees)."""
         out: list[DraftTree | None] = []
         ids: list[str] = []
         tails: list[list[int]] = []
