@@ -19,19 +19,25 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench-model") / "smollm2"
 
 
-def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir: Path) -> None:
+def run_bench(out: Path, model_dir: Path, *options: str) -> subprocess.CompletedProcess:
+    """``lookahead-bench vllm`` on the code-edit workload, one round, 1 prompt per half, 24
+    new tokens, its JSON written to ``out``; fails the test when it fails."""
     assert WORKLOAD.exists(), f"the shared workloads are missing: {WORKLOAD}"
-    out = tmp_path / "bench.json"
-    args = ["--workload", str(WORKLOAD), "--configs", "lookahead", "--rounds", "1"]
-    args += ["--prompts-per-half", "1", "--max-new-tokens", "24", "--json", str(out)]
-    args += ["--model-dir", str(model_dir)]
+    args = ["--workload", str(WORKLOAD), "--rounds", "1", "--prompts-per-half", "1"]
+    args += ["--max-new-tokens", "24", "--json", str(out), "--model-dir", str(model_dir)]
     done = subprocess.run(
-        [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
+        [sys.executable, "-m", "lookahead_client.bench", "vllm", *args, *options],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_bench(out, model_dir, "--configs", "lookahead")
     # The cost is said before anything runs, then a table per workload.
     assert "2 trials (1 round(s) x 2 configurations)" in done.stderr
     assert "lookahead vs" not in done.stdout  # no rival ran: no verdict to give
@@ -53,16 +59,7 @@ def test_two_vllm_engines_draft_from_one_server(tmp_path: Path, model_dir: Path)
     engine's output (more tokens per step than on its first time; a private drafter never saw
     it)."""
     out = tmp_path / "bench.json"
-    args = ["--workload", str(WORKLOAD), "--configs", "lookahead-server", "--engines", "2"]
-    args += ["--rounds", "1", "--prompts-per-half", "1", "--max-new-tokens", "24"]
-    args += ["--json", str(out), "--model-dir", str(model_dir)]
-    done = subprocess.run(
-        [sys.executable, "-m", "lookahead_client.bench", "vllm", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench(out, model_dir, "--configs", "lookahead-server", "--engines", "2")
     assert "each 2 fresh vLLM engines at once" in done.stderr
     table = json.loads(out.read_text())["table"]
     assert set(table) == {"code-edit/new", "code-edit/sibling", "code-edit/repeat"}

@@ -61,23 +61,15 @@ from .engine_bench import (
     cell,
     check_server_binary,
     config_names,
-    cores_per_engine,
     delta,
     ensure_model,
     report,
     run_trial_processes,
     sum_counters,
     workload_prompt_sets,
-    workload_prompts_by_stem,
 )
 from .rounds import Trial, run_rounds, schedule
-from .sharing import (
-    describe_kind,
-    merge_engine_results,
-    plan_workloads,
-    requests_per_engine,
-    serve_share,
-)
+from .sharing import EngineRun, merge_engine_results, serve_share
 
 __all__ = ["CONFIGS", "add_sglang_parser", "find_cpu_standins", "per_step_figures", "run_sglang"]
 
@@ -521,31 +513,21 @@ def _run_engines(
 ) -> int:
     """``--engines N``: every configuration as N engines at once, on the traffic of
     :mod:`.sharing` (each engine its own drafter, or one server for all)."""
-    engines = args.engines
-    traffic = plan_workloads(
-        workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens),
-        args.prompts_per_half,
-        engines,
-        args.max_prompt_tokens,
-    )
-    longest = max(len(p["ids"]) for plan in traffic.values() for s in plan for e in s for p in e)
+    run = EngineRun.plan(args, folder)
     spec = {
-        **_engine_spec(args, standins, folder, longest + args.max_new_tokens, 1),
-        "traffic": traffic,
+        **_engine_spec(args, standins, folder, run.longest + args.max_new_tokens, 1),
+        "traffic": run.traffic,
     }
-    # Each engine generates its requests one at a time, on its share of the cores.
-    tokens = requests_per_engine(traffic, engines) * args.max_new_tokens
-    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores_per_engine(engines) / 2)
     with tempfile.TemporaryDirectory(prefix="lookahead-sglang-bench-") as tmp:
         done = run_rounds(
             trials,
-            lambda t: _run_trial(t, spec, standins, tmp, engines=engines),
-            estimate_s=lambda _: engines * _GUESS_STARTUP_S / 2 + tokens / guess_tok_s,
-            what=f"{engines} fresh SGLang engines at once, each generating up to {tokens} tokens",
+            lambda t: _run_trial(t, spec, standins, tmp, engines=run.engines),
+            estimate_s=lambda _: run.estimate_s(_GUESS_STARTUP_S, _GUESS_TOK_S[0]),
+            what=f"{run.engines} fresh SGLang engines at once, each generating up to "
+            f"{run.tokens} tokens",
         )
-
     slots = f"; {args.draft_tokens} tree slots"
-    _report(args, done, standins, lambda name: describe_kind(traffic, engines, name, slots))
+    _report(args, done, standins, lambda name: run.describe(name, slots))
     return 0
 
 

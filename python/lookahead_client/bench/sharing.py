@@ -21,17 +21,25 @@ every configuration. Each request is timed alone; the waiting is not timed.
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lookahead_client.errors import InvalidArgumentError
 
-from .engine_bench import distinct_prompts, sum_counters
+from .engine_bench import (
+    cores_per_engine,
+    distinct_prompts,
+    sum_counters,
+    workload_prompts_by_stem,
+)
 
 __all__ = [
     "KINDS",
+    "EngineRun",
     "SlotBarrier",
     "describe_kind",
     "merge_engine_results",
@@ -140,6 +148,55 @@ def describe_kind(traffic: Mapping[str, Plan], engines: int, name: str, extra: s
         f"{count} requests, {kind} (see lookahead_client.bench.sharing), spread over "
         f"{engines} engines running at once, each at batch 1{extra}"
     )
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What an engine benchmark's ``--engines N`` run sends, sized for its start-up and its
+    up-front cost.
+
+    Attributes:
+        traffic: per workload, its plan (:func:`plan_traffic`).
+        engines: how many run at once.
+        longest: the longest prompt of any plan, in tokens.
+        tokens: the most tokens one engine generates (its requests one at a time).
+    """
+
+    traffic: dict[str, Plan]
+    engines: int
+    longest: int
+    tokens: int
+
+    @classmethod
+    def plan(cls, args: argparse.Namespace, folder: pathlib.Path) -> EngineRun:
+        """The run of an engine benchmark's options (``--workload``, ``--engines``,
+        ``--prompts-per-half``, ``--max-prompt-tokens``, ``--max-new-tokens``) for the model
+        in ``folder``.
+
+        Raises:
+            InvalidArgumentError: a workload without groups (see :func:`plan_workloads`).
+        """
+        traffic = plan_workloads(
+            workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens),
+            args.prompts_per_half,
+            args.engines,
+            args.max_prompt_tokens,
+        )
+        prompts = [p for plan in traffic.values() for s in plan for e in s for p in e]
+        longest = max(len(p["ids"]) for p in prompts)
+        tokens = requests_per_engine(traffic, args.engines) * args.max_new_tokens
+        return cls(traffic, args.engines, longest, tokens)
+
+    def estimate_s(self, startup_s: float, tok_s: float) -> float:
+        """A trial's guessed seconds, from one engine's start-up and its tokens/s alone on
+        this machine (the engines start side by side; each generates on its share of the
+        cores)."""
+        share = min(1.0, cores_per_engine(self.engines) / 2)
+        return self.engines * startup_s / 2 + self.tokens / (tok_s * share)
+
+    def describe(self, name: str, extra: str) -> str:
+        """The table heading of a ``WORKLOAD/KIND`` row (:func:`describe_kind`)."""
+        return describe_kind(self.traffic, self.engines, name, extra)
 
 
 def serve_share(

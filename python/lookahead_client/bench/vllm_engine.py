@@ -55,23 +55,15 @@ from .engine_bench import (
     cell,
     check_server_binary,
     config_names,
-    cores_per_engine,
     delta,
     ensure_model,
     report,
     run_trial_processes,
     sum_counters,
     workload_prompt_sets,
-    workload_prompts_by_stem,
 )
 from .rounds import Trial, run_rounds, schedule
-from .sharing import (
-    describe_kind,
-    merge_engine_results,
-    plan_workloads,
-    requests_per_engine,
-    serve_share,
-)
+from .sharing import EngineRun, merge_engine_results, serve_share
 
 __all__ = ["CONFIGS", "add_vllm_parser", "per_step_figures", "run_vllm", "speculative_config"]
 
@@ -458,26 +450,17 @@ def _engine_spec(
 def _run_engines(args: argparse.Namespace, trials: Sequence[Trial], folder: pathlib.Path) -> int:
     """``--engines N``: every configuration as N engines (replicas) at once, on the traffic
     of :mod:`.sharing` (each engine its own drafter, or one server for all)."""
-    engines = args.engines
-    traffic = plan_workloads(
-        workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens),
-        args.prompts_per_half,
-        engines,
-        args.max_prompt_tokens,
-    )
-    longest = max(len(p["ids"]) for plan in traffic.values() for s in plan for e in s for p in e)
-    spec = {**_engine_spec(args, folder, longest, 1), "traffic": traffic}
-    # Each engine generates its requests one at a time, on its share of the cores.
-    tokens = requests_per_engine(traffic, engines) * args.max_new_tokens
-    guess_tok_s = _GUESS_TOK_S[0] * min(1.0, cores_per_engine(engines) / 2)
+    run = EngineRun.plan(args, folder)
+    spec = {**_engine_spec(args, folder, run.longest, 1), "traffic": run.traffic}
     with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
         done = run_rounds(
             trials,
-            lambda t: _run_trial(t, spec, tmp, engines=engines),
-            estimate_s=lambda _: engines * _GUESS_STARTUP_S / 2 + tokens / guess_tok_s,
-            what=f"{engines} fresh vLLM engines at once, each generating up to {tokens} tokens",
+            lambda t: _run_trial(t, spec, tmp, engines=run.engines),
+            estimate_s=lambda _: run.estimate_s(_GUESS_STARTUP_S, _GUESS_TOK_S[0]),
+            what=f"{run.engines} fresh vLLM engines at once, each generating up to "
+            f"{run.tokens} tokens",
         )
-    _report(args, done, lambda name: describe_kind(traffic, engines, name, f"; K = {args.k}"))
+    _report(args, done, lambda name: run.describe(name, f"; K = {args.k}"))
     return 0
 
 
