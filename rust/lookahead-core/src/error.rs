@@ -113,7 +113,40 @@ pub enum DraftError {
     },
 }
 
+/// What kind of refusal a [`DraftError`] is: the one mapping the server turns into error
+/// codes and the bindings into exception classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request id is not active.
+    UnknownRequest,
+    /// A prompt came for a request that is already active.
+    RequestAlreadyActive,
+    /// Something the caller sent is wrong (a token, a budget, an offset...).
+    InvalidArgument,
+    /// A limit was reached (request length, memory).
+    ResourceExhausted,
+}
+
 impl DraftError {
+    /// The kind of refusal.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::UnknownRequest { .. } => ErrorKind::UnknownRequest,
+            Self::RequestAlreadyActive { .. } => ErrorKind::RequestAlreadyActive,
+            Self::TokenOutOfRange { .. }
+            | Self::BudgetTooLarge { .. }
+            | Self::InvalidTemperature { .. }
+            | Self::OffsetGap { .. }
+            | Self::TokensDiffer { .. }
+            | Self::OffsetNotAfterPrompt { .. }
+            | Self::GroupNameTooLong { .. }
+            | Self::CalibrationCounts { .. } => ErrorKind::InvalidArgument,
+            Self::RequestTooLong { .. } | Self::MemoryExhausted { .. } => {
+                ErrorKind::ResourceExhausted
+            }
+        }
+    }
+
     /// The request field at fault, for error messages and status details.
     pub fn field(&self) -> &'static str {
         match self {

@@ -5,6 +5,7 @@
 //! [`Drafter`].
 
 mod anchor;
+mod answer;
 mod automaton;
 mod calibration;
 mod cluster;
@@ -27,10 +28,11 @@ mod tree;
 mod trie;
 mod types;
 
+pub use answer::{Drafted, StepColumns};
 pub use cluster::{GroupUpdate, LearnedText};
 pub use config::{ConfigError, DrafterConfig};
 pub use drafter::{DraftShape, Drafter, Stats, StepItem};
-pub use error::DraftError;
+pub use error::{DraftError, ErrorKind};
 pub use sizing::{CostCurve, CostError, Layout, StepCost};
 pub use snapshot::{SNAPSHOT_MAGIC, SNAPSHOT_VERSION, SnapshotError};
 pub use tree::DraftTree;

@@ -158,6 +158,29 @@ pub struct StepCost {
     pub explore_every: u32,
 }
 
+impl StepCost {
+    /// A step's cost from its parts as the proto's `EngineCost` carries them (`padded`: every
+    /// row verifies as many slots as the widest); the curve checked as [`CostCurve::new`] does.
+    pub fn new(
+        tokens: Vec<u32>,
+        seconds: Vec<f64>,
+        padded: bool,
+        base_tokens: u32,
+        explore_every: u32,
+    ) -> Result<Self, CostError> {
+        Ok(Self {
+            curve: CostCurve::new(tokens, seconds)?,
+            layout: if padded {
+                Layout::Padded
+            } else {
+                Layout::Ragged
+            },
+            base_tokens,
+            explore_every,
+        })
+    }
+}
+
 /// Expected tokens per second of a step emitting `emitted` tokens while verifying `tokens`.
 fn rate(curve: &CostCurve, emitted: f64, tokens: f64) -> f64 {
     emitted / curve.seconds(tokens)

@@ -4,7 +4,7 @@
 
 use lookahead_core::slots::{self, Placed, SlotTree};
 use lookahead_core::{
-    ConfigError, CostCurve, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, Layout,
+    ConfigError, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, ErrorKind, StepColumns,
     StepCost, StepItem, Token,
 };
 use numpy::{IntoPyArray, PyReadonlyArray1};
@@ -27,20 +27,11 @@ fn typed_error(py: Python<'_>, class: &str, message: String, field: &str) -> PyE
 }
 
 fn draft_error(py: Python<'_>, err: &DraftError) -> PyErr {
-    let class = match err {
-        DraftError::UnknownRequest { .. } => "UnknownRequestError",
-        DraftError::RequestAlreadyActive { .. } => "RequestAlreadyActiveError",
-        DraftError::TokenOutOfRange { .. }
-        | DraftError::BudgetTooLarge { .. }
-        | DraftError::InvalidTemperature { .. }
-        | DraftError::OffsetGap { .. }
-        | DraftError::TokensDiffer { .. }
-        | DraftError::OffsetNotAfterPrompt { .. }
-        | DraftError::GroupNameTooLong { .. }
-        | DraftError::CalibrationCounts { .. } => "InvalidArgumentError",
-        DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
-            "ResourceExhaustedError"
-        }
+    let class = match err.kind() {
+        ErrorKind::UnknownRequest => "UnknownRequestError",
+        ErrorKind::RequestAlreadyActive => "RequestAlreadyActiveError",
+        ErrorKind::InvalidArgument => "InvalidArgumentError",
+        ErrorKind::ResourceExhausted => "ResourceExhaustedError",
     };
     typed_error(py, class, err.to_string(), err.field())
 }
@@ -105,56 +96,17 @@ struct OwnedItem {
 
 /// The draft shape numbered as in the proto's `DraftShape`.
 fn shape(py: Python<'_>, value: u8) -> PyResult<DraftShape> {
-    Ok(match value {
-        0 => DraftShape::Tree,
-        1 => DraftShape::Chain,
-        2 => DraftShape::SizedTree,
-        3 => DraftShape::SizedChain,
-        _ => {
-            let message = format!("shape = {value} is not a DraftShape (0 to 3)");
-            return Err(typed_error(py, "InvalidArgumentError", message, "shape"));
-        }
+    DraftShape::from_number(i64::from(value)).ok_or_else(|| {
+        let message = format!("shape = {value} is not a DraftShape (0 to 3)");
+        typed_error(py, "InvalidArgumentError", message, "shape")
     })
 }
 
 /// The step cost from its Python tuple, refused naming the bad field.
 fn step_cost(py: Python<'_>, cost: PyCost) -> PyResult<StepCost> {
     let (tokens, seconds, padded, base_tokens, explore_every) = cost;
-    let curve = CostCurve::new(tokens, seconds)
-        .map_err(|e| typed_error(py, "InvalidArgumentError", e.to_string(), e.field()))?;
-    Ok(StepCost {
-        curve,
-        layout: if padded {
-            Layout::Padded
-        } else {
-            Layout::Ragged
-        },
-        base_tokens,
-        explore_every,
-    })
-}
-
-/// The columns of a step's trees (see `StepResponse` in the proto), and its failed items.
-#[derive(Default)]
-struct Columns {
-    roots: Vec<i64>,
-    sizes: Vec<u32>,
-    tokens: Vec<i64>,
-    parents: Vec<i32>,
-    scores: Vec<f32>,
-    held: Vec<u64>,
-}
-
-impl Columns {
-    fn push(&mut self, tree: &DraftTree, held: usize) {
-        self.held.push(held as u64);
-        self.roots.push(tree.root.map_or(-1, i64::from));
-        self.sizes.push(tree.len() as u32);
-        self.tokens
-            .extend(tree.tokens.iter().map(|&t| i64::from(t)));
-        self.parents.extend_from_slice(&tree.parents);
-        self.scores.extend_from_slice(&tree.scores);
-    }
+    StepCost::new(tokens, seconds, padded, base_tokens, explore_every)
+        .map_err(|e| typed_error(py, "InvalidArgumentError", e.to_string(), e.field()))
 }
 
 /// A config error as `InvalidArgumentError` naming the field.
@@ -349,7 +301,7 @@ impl NativeDrafter {
             });
         }
         let cost = cost.map(|c| step_cost(py, c)).transpose()?;
-        let (results, held) = py.detach(|| {
+        let results = py.detach(|| {
             let items: Vec<StepItem<'_>> = owned
                 .iter()
                 .map(|o| StepItem {
@@ -365,34 +317,28 @@ impl NativeDrafter {
                     offset: o.offset,
                 })
                 .collect();
-            let results = match &cost {
-                Some(cost) => self.inner.step_costed(&items, cost),
-                None => self.inner.step(&items),
-            };
-            let held: Vec<usize> = owned
-                .iter()
-                .map(|o| self.inner.held_tokens(&o.request_id).unwrap_or(0))
-                .collect();
-            (results, held)
+            self.inner.step_drafted(&items, cost.as_ref())
         });
-        let mut columns = Columns::default();
-        let mut errors = Vec::new();
-        for (index, (result, held)) in results.into_iter().zip(held).enumerate() {
-            match result {
-                Ok(tree) => columns.push(&tree, held),
-                Err(e) => {
-                    columns.push(&DraftTree::default(), 0);
-                    errors.push((index, draft_error(py, &e).into_value(py)));
-                }
-            }
+        let mut answer = StepColumns::with_capacity(results.len());
+        for result in results {
+            answer.push(result, |e| draft_error(py, &e).into_value(py));
         }
+        let StepColumns {
+            roots,
+            sizes,
+            tokens,
+            parents,
+            scores,
+            held,
+            errors,
+        } = answer;
         (
-            columns.roots.into_pyarray(py),
-            columns.sizes.into_pyarray(py),
-            columns.tokens.into_pyarray(py),
-            columns.parents.into_pyarray(py),
-            columns.scores.into_pyarray(py),
-            columns.held.into_pyarray(py),
+            roots.into_pyarray(py),
+            sizes.into_pyarray(py),
+            tokens.into_pyarray(py),
+            parents.into_pyarray(py),
+            scores.into_pyarray(py),
+            held.into_pyarray(py),
             errors,
         )
             .into_pyobject(py)

@@ -1,7 +1,7 @@
 //! Conversions between the wire messages and the core's types, with the checks that the wire
 //! types cannot express (token ids are int64 on the wire, u32 in the core).
 
-use lookahead_core::{DraftError, DraftTree};
+use lookahead_core::{DraftError, ErrorKind, StepColumns};
 
 use crate::pb::{ErrorCode, RequestError, StepResponse};
 
@@ -67,77 +67,46 @@ pub fn request_error(code: ErrorCode, field: &str, message: String) -> RequestEr
 
 /// The per-request error for a failure of the core, prefixed with `context` (which request).
 pub fn core_error(context: &str, error: &DraftError) -> RequestError {
-    let code = match error {
-        DraftError::UnknownRequest { .. } => ErrorCode::UnknownRequest,
-        DraftError::RequestAlreadyActive { .. } => ErrorCode::RequestAlreadyActive,
-        DraftError::TokenOutOfRange { .. }
-        | DraftError::BudgetTooLarge { .. }
-        | DraftError::InvalidTemperature { .. }
-        | DraftError::OffsetGap { .. }
-        | DraftError::TokensDiffer { .. }
-        | DraftError::OffsetNotAfterPrompt { .. }
-        | DraftError::GroupNameTooLong { .. }
-        | DraftError::CalibrationCounts { .. } => ErrorCode::InvalidArgument,
-        DraftError::RequestTooLong { .. } | DraftError::MemoryExhausted { .. } => {
-            ErrorCode::ResourceExhausted
-        }
-    };
-    let hint = match error {
-        DraftError::UnknownRequest { .. } => {
-            " (never started, finished, or lost by a server restart: send its tokens as a prompt)"
-        }
-        DraftError::RequestAlreadyActive { .. } => " (set reset to restart it)",
-        _ => "",
+    let (code, hint) = match error.kind() {
+        ErrorKind::UnknownRequest => (
+            ErrorCode::UnknownRequest,
+            " (never started, finished, or lost by a server restart: send its tokens as a prompt)",
+        ),
+        ErrorKind::RequestAlreadyActive => (
+            ErrorCode::RequestAlreadyActive,
+            " (set reset to restart it)",
+        ),
+        ErrorKind::InvalidArgument => (ErrorCode::InvalidArgument, ""),
+        ErrorKind::ResourceExhausted => (ErrorCode::ResourceExhausted, ""),
     };
     request_error(code, error.field(), format!("{context}: {error}{hint}"))
 }
 
-/// Builds a [`StepResponse`]: one tree (or error) per request, in request order, stored
-/// column-wise (see the layout in the .proto).
-pub struct ResponseBuilder {
-    response: StepResponse,
-}
-
-impl ResponseBuilder {
-    /// An empty answer to step `step_id` of `requests` requests.
-    pub fn new(step_id: u64, requests: usize) -> Self {
-        Self {
-            response: StepResponse {
-                step_id,
-                roots: Vec::with_capacity(requests),
-                sizes: Vec::with_capacity(requests),
-                ..StepResponse::default()
-            },
-        }
-    }
-
-    /// Appends the next request's tree.
-    /// Appends the next request's tree and the tokens the request holds.
-    pub fn push_tree(&mut self, tree: DraftTree, held: usize) {
-        let r = &mut self.response;
-        r.held.push(held as u64);
-        r.roots.push(tree.root.map_or(-1, i64::from));
-        // A tree never has 2^32 nodes (budgets are u32); saturate rather than wrap.
-        r.sizes
-            .push(u32::try_from(tree.tokens.len()).unwrap_or(u32::MAX));
-        r.tokens.extend(tree.tokens.iter().map(|&t| i64::from(t)));
-        r.parents.extend_from_slice(&tree.parents);
-        r.scores.extend_from_slice(&tree.scores);
-    }
-
-    /// Appends the next request's error (an empty tree, and the error with its index).
-    pub fn push_error(&mut self, mut error: RequestError) {
-        let r = &mut self.response;
-        error.index = u32::try_from(r.roots.len()).unwrap_or(u32::MAX);
-        r.held.push(0);
-        r.roots.push(-1);
-        r.sizes.push(0);
-        r.errors.push(error);
-    }
-
-    /// The finished answer.
-    pub fn finish(self) -> StepResponse {
-        self.response
+/// The wire answer to step `step_id`: the core's columns moved into the message, each error
+/// told its row.
+pub fn step_response(step_id: u64, answer: StepColumns<RequestError>) -> StepResponse {
+    let StepColumns {
+        roots,
+        sizes,
+        tokens,
+        parents,
+        scores,
+        held,
+        errors,
+    } = answer;
+    StepResponse {
+        step_id,
+        roots,
+        sizes,
+        tokens,
+        parents,
+        scores,
+        held,
+        errors: errors
+            .into_iter()
+            .map(|(index, error)| RequestError { index, ..error })
+            .collect(),
+        error: None,
     }
 }
 
@@ -196,39 +165,28 @@ mod tests {
     }
 
     #[test]
-    fn responses_are_columns_in_request_order() {
-        let mut b = ResponseBuilder::new(7, 3);
-        b.push_tree(
-            DraftTree {
+    fn responses_are_the_columns_with_errors_told_their_row() {
+        let mut answer = StepColumns::with_capacity(2);
+        answer.push_tree(&lookahead_core::Drafted {
+            tree: lookahead_core::DraftTree {
                 root: Some(5),
                 tokens: vec![6, 7],
                 parents: vec![-1, 0],
                 scores: vec![0.5, 0.25],
             },
-            12,
-        );
-        b.push_error(request_error(
+            held: 12,
+        });
+        answer.push_error(request_error(
             ErrorCode::InvalidArgument,
             "budget",
             "x".into(),
         ));
-        b.push_tree(
-            DraftTree {
-                root: Some(9),
-                tokens: vec![1],
-                parents: vec![-1],
-                scores: vec![0.75],
-            },
-            3,
-        );
-        let r = b.finish();
-        assert_eq!(r.held, vec![12, 0, 3]);
+        let r = step_response(7, answer);
         assert_eq!(r.step_id, 7);
-        assert_eq!(r.roots, vec![5, -1, 9]);
-        assert_eq!(r.sizes, vec![2, 0, 1]);
-        assert_eq!(r.tokens, vec![6, 7, 1]);
-        assert_eq!(r.parents, vec![-1, 0, -1]);
-        assert_eq!(r.scores, vec![0.5, 0.25, 0.75]);
+        assert_eq!(r.held, vec![12, 0]);
+        assert_eq!(r.roots, vec![5, -1]);
+        assert_eq!(r.sizes, vec![2, 0]);
+        assert_eq!(r.tokens, vec![6, 7]);
         assert_eq!(r.errors.len(), 1);
         assert_eq!(
             (r.errors[0].index, r.errors[0].field.as_str()),

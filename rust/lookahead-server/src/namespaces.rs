@@ -15,7 +15,7 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
 use lookahead_core::{
-    ConfigError, DraftError, DraftTree, Drafter, DrafterConfig, Stats, StepCost, StepItem,
+    ConfigError, DraftError, Drafted, Drafter, DrafterConfig, Stats, StepCost, StepItem,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
@@ -277,7 +277,7 @@ impl Namespace {
         &self,
         items: &[StepItem<'_>],
         cost: Option<&StepCost>,
-    ) -> Vec<Result<DraftTree, DraftError>> {
+    ) -> Vec<Result<Drafted, DraftError>> {
         self.flush.settle_unless_snapshotting(&self.drafter);
         let results = self.drafter.step_deferred(items, cost);
         self.flush.pending.store(true, Ordering::Release);

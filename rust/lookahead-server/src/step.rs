@@ -5,15 +5,11 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use lookahead_core::{
-    CostCurve, DraftShape, DraftTree, Layout, MAX_GROUP_NAME_BYTES, StepCost, StepItem,
-};
+use lookahead_core::{DraftShape, Drafted, MAX_GROUP_NAME_BYTES, StepColumns, StepCost, StepItem};
 
-use crate::convert::{ResponseBuilder, core_error, push_tokens, request_error};
+use crate::convert::{core_error, push_tokens, request_error, step_response};
 use crate::namespaces::{Namespace, NamespaceError, Namespaces};
-use crate::pb::{
-    self, EngineCost, ErrorCode, RequestError, RequestStep, StepRequest, StepResponse,
-};
+use crate::pb::{EngineCost, ErrorCode, RequestError, RequestStep, StepRequest, StepResponse};
 
 /// The longest request id accepted, in bytes.
 pub const MAX_REQUEST_ID_LEN: usize = 256;
@@ -141,7 +137,7 @@ fn run_checked_step(
 
     let cost = request.cost.as_ref().map(step_cost).transpose()?;
 
-    let mut results: Vec<Option<Result<DraftTree, RequestError>>> = vec![None; n];
+    let mut results: Vec<Option<Result<Drafted, RequestError>>> = vec![None; n];
     let mut tokens: Vec<u32> = Vec::new();
     let mut checked: Vec<Checked<'_>> = Vec::with_capacity(n);
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(n);
@@ -184,26 +180,23 @@ fn run_checked_step(
         })
         .collect();
     let outcomes = namespace.step(&items, cost.as_ref());
-    let mut held = vec![0; n];
     for (c, outcome) in checked.iter().zip(outcomes) {
-        held[c.index] = namespace.drafter().held_tokens(c.request_id).unwrap_or(0);
         results[c.index] =
             Some(outcome.map_err(|e| core_error(&context(c.index, c.request_id), &e)));
     }
 
-    let mut response = ResponseBuilder::new(request.step_id, n);
+    let mut answer = StepColumns::with_capacity(n);
     for (index, result) in results.into_iter().enumerate() {
-        match result {
-            Some(Ok(tree)) => response.push_tree(tree, held[index]),
-            Some(Err(error)) => response.push_error(error),
-            None => response.push_error(request_error(
+        let result = result.unwrap_or_else(|| {
+            Err(request_error(
                 ErrorCode::Unspecified,
                 "",
                 format!("requests[{index}]: the drafter returned no result (server bug)"),
-            )),
-        }
+            ))
+        });
+        answer.push(result, |error| error);
     }
-    Ok(response.finish())
+    Ok(step_response(request.step_id, answer))
 }
 
 /// Refuses the new requests (prompts without reset) that would take the namespace past
@@ -212,7 +205,7 @@ fn refuse_starts_over_limit(
     namespace: &Namespace,
     limits: &StepLimits,
     checked: &mut Vec<Checked<'_>>,
-    results: &mut [Option<Result<DraftTree, RequestError>>],
+    results: &mut [Option<Result<Drafted, RequestError>>],
 ) {
     // Resets were ended already (so they are not in `active`) and restart in any case: they
     // take room first, as they held it before the step.
@@ -253,20 +246,17 @@ fn refuse_starts_over_limit(
 /// How errors name a request: `requests[3] ("req-7")`.
 /// The step's cost curve, or the whole step refused naming the bad field.
 fn step_cost(cost: &EngineCost) -> Result<StepCost, Refusal> {
-    let curve = CostCurve::new(cost.tokens.clone(), cost.seconds.clone()).map_err(|e| Refusal {
+    StepCost::new(
+        cost.tokens.clone(),
+        cost.seconds.clone(),
+        cost.padded,
+        cost.base_tokens,
+        cost.explore_every,
+    )
+    .map_err(|e| Refusal {
         code: tonic::Code::InvalidArgument,
         field: e.field(),
         message: e.to_string(),
-    })?;
-    Ok(StepCost {
-        curve,
-        layout: if cost.padded {
-            Layout::Padded
-        } else {
-            Layout::Ragged
-        },
-        base_tokens: cost.base_tokens,
-        explore_every: cost.explore_every,
     })
 }
 
@@ -319,18 +309,12 @@ fn check<'a>(
             ),
         ));
     }
-    let shape = match pb::DraftShape::try_from(step.shape) {
-        Ok(pb::DraftShape::Tree) => DraftShape::Tree,
-        Ok(pb::DraftShape::Chain) => DraftShape::Chain,
-        Ok(pb::DraftShape::SizedTree) => DraftShape::SizedTree,
-        Ok(pb::DraftShape::SizedChain) => DraftShape::SizedChain,
-        Err(_) => {
-            return Err(invalid(
-                "shape",
-                format!("shape = {} is not a DraftShape", step.shape),
-            ));
-        }
-    };
+    let shape = DraftShape::from_number(i64::from(step.shape)).ok_or_else(|| {
+        invalid(
+            "shape",
+            format!("shape = {} is not a DraftShape", step.shape),
+        )
+    })?;
     if !(step.temperature.is_finite() && step.temperature >= 0.0) {
         return Err(invalid(
             "temperature",
@@ -394,7 +378,7 @@ mod tests {
     use lookahead_core::DrafterConfig;
 
     use super::*;
-    use crate::pb::TokenList;
+    use crate::pb::{self, TokenList};
 
     fn limits() -> StepLimits {
         StepLimits {
@@ -423,6 +407,25 @@ mod tests {
             requests,
             cost: None,
         }
+    }
+
+    #[test]
+    fn the_core_numbers_shapes_as_the_proto_does() {
+        let wire = [
+            (pb::DraftShape::Tree, DraftShape::Tree),
+            (pb::DraftShape::Chain, DraftShape::Chain),
+            (pb::DraftShape::SizedTree, DraftShape::SizedTree),
+            (pb::DraftShape::SizedChain, DraftShape::SizedChain),
+        ];
+        for (proto, core) in wire {
+            assert_eq!(
+                DraftShape::from_number(proto as i64),
+                Some(core),
+                "{proto:?}"
+            );
+        }
+        assert_eq!(DraftShape::from_number(4), None);
+        assert_eq!(DraftShape::from_number(-1), None);
     }
 
     #[test]

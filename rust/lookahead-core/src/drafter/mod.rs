@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::Token;
+use crate::answer::Drafted;
 use crate::calibration::Calibration;
 use crate::cluster::{GroupUpdate, LearnedText, Outbox};
 use crate::config::{ConfigError, DrafterConfig};
@@ -95,6 +96,17 @@ pub enum DraftShape {
 }
 
 impl DraftShape {
+    /// The shape numbered as the proto's `DraftShape` (0 to 3), `None` for another number.
+    pub fn from_number(number: i64) -> Option<Self> {
+        match number {
+            0 => Some(Self::Tree),
+            1 => Some(Self::Chain),
+            2 => Some(Self::SizedTree),
+            3 => Some(Self::SizedChain),
+            _ => None,
+        }
+    }
+
     /// Whether every node has at most one child.
     pub fn is_chain(self) -> bool {
         matches!(self, Self::Chain | Self::SizedChain)
@@ -263,14 +275,14 @@ impl Drafter {
     fn step_one(&self, item: StepItem<'_>) -> Result<DraftTree, DraftError> {
         self.run_step(&[item], None, false)
             .pop()
-            .unwrap_or(Ok(DraftTree::default()))
+            .map_or(Ok(DraftTree::default()), |r| r.map(|d| d.tree))
     }
 
     /// One engine step: per item, start, append, draft (or end); then the shared-trie inserts.
     /// Items are independent: one's error does not affect the others. Sized drafts keep
     /// their whole caps (no cost is known: see [`Self::step_costed`]).
     pub fn step(&self, items: &[StepItem<'_>]) -> Vec<Result<DraftTree, DraftError>> {
-        self.run_step(items, None, false)
+        trees(self.run_step(items, None, false))
     }
 
     /// Like [`Self::step`], with sized drafts cut to the lengths that pay most against the
@@ -280,16 +292,27 @@ impl Drafter {
         items: &[StepItem<'_>],
         cost: &StepCost,
     ) -> Vec<Result<DraftTree, DraftError>> {
-        self.run_step(items, Some(cost), false)
+        trees(self.run_step(items, Some(cost), false))
     }
 
-    /// Like [`Self::step`] but leaves the shared-trie inserts queued for
+    /// Like [`Self::step_costed`] (a plain [`Self::step`] without `cost`), each tree with the
+    /// tokens the drafter holds of its request after the step: what an engine's answer
+    /// carries (see [`crate::StepColumns`]).
+    pub fn step_drafted(
+        &self,
+        items: &[StepItem<'_>],
+        cost: Option<&StepCost>,
+    ) -> Vec<Result<Drafted, DraftError>> {
+        self.run_step(items, cost, false)
+    }
+
+    /// Like [`Self::step_drafted`] but leaves the shared-trie inserts queued for
     /// [`Self::flush_inserts`], so a server can answer before inserting.
     pub fn step_deferred(
         &self,
         items: &[StepItem<'_>],
         cost: Option<&StepCost>,
-    ) -> Vec<Result<DraftTree, DraftError>> {
+    ) -> Vec<Result<Drafted, DraftError>> {
         self.run_step(items, cost, true)
     }
 
@@ -369,6 +392,11 @@ impl Drafter {
             cluster_dropped: self.learned.lock().dropped() + self.group_updates.lock().dropped(),
         }
     }
+}
+
+/// The trees of a step's outcomes.
+fn trees(outcomes: Vec<Result<Drafted, DraftError>>) -> Vec<Result<DraftTree, DraftError>> {
+    outcomes.into_iter().map(|r| r.map(|d| d.tree)).collect()
 }
 
 /// Moves an atomic total by the change of one part from `before` to `after` bytes.

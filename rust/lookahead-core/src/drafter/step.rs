@@ -9,7 +9,7 @@ impl Drafter {
         items: &[StepItem<'_>],
         cost: Option<&StepCost>,
         defer: bool,
-    ) -> Vec<Result<DraftTree, DraftError>> {
+    ) -> Vec<Result<Drafted, DraftError>> {
         // 1. validate and apply tokens (each request under its own lock)
         let applied: Vec<Result<SharedRequest, DraftError>> = items
             .iter()
@@ -23,14 +23,21 @@ impl Drafter {
             for (item, applied) in items.iter().zip(&applied) {
                 results.push(applied.as_ref().map_err(Clone::clone).map(|request| {
                     let mut state = request.lock();
+                    // a finished request was removed when its tokens were applied
+                    let held = if item.finished {
+                        0
+                    } else {
+                        state.own_text().len()
+                    };
                     if item.finished || item.budget == 0 {
-                        return DraftTree::empty(state.own_text().last().copied());
+                        let tree = DraftTree::empty(state.own_text().last().copied());
+                        return Drafted { tree, held };
                     }
                     let tree = self.draft_locked(&mut state, &trie, item, &mut context);
                     if state.accounted_bytes != 0 {
                         self.account(&mut state); // not once ended: its bytes left the total
                     }
-                    tree
+                    Drafted { tree, held }
                 }));
             }
         }
@@ -60,7 +67,7 @@ impl Drafter {
     pub(super) fn size(
         &self,
         items: &[StepItem<'_>],
-        results: &mut [Result<DraftTree, DraftError>],
+        results: &mut [Result<Drafted, DraftError>],
         cost: Option<&StepCost>,
     ) {
         let sized: Vec<usize> = (0..items.len())
@@ -72,7 +79,7 @@ impl Drafter {
         let gains: Vec<Vec<f32>> = sized
             .iter()
             .map(|&i| match &results[i] {
-                Ok(tree) => tree.best_first_scores(),
+                Ok(drafted) => drafted.tree.best_first_scores(),
                 Err(_) => Vec::new(),
             })
             .collect();
@@ -93,7 +100,7 @@ impl Drafter {
             None => sizing::choose(&refs, &CostCurve::flat(), Layout::Ragged, decoding, false),
         };
         for (&i, length) in sized.iter().zip(lengths) {
-            if let Ok(tree) = &mut results[i]
+            if let Ok(Drafted { tree, .. }) = &mut results[i]
                 && length < tree.len()
             {
                 self.counters
