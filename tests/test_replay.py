@@ -145,6 +145,28 @@ def test_oracle_mat_is_hand_computed():
     assert result.tokens_per_step == pytest.approx(1 + 10 / 3)
 
 
+class HalfSure(Oracle):
+    """The oracle's drafts with every score halved: right every time, half as sure."""
+
+    def step(self, requests: Sequence[StepRequest], cost=None) -> list[DraftTree]:
+        return [
+            DraftTree(t.root, t.tokens, t.parents, tuple(s / 2 for s in t.scores))
+            for t in super().step(requests, cost)
+        ]
+
+
+def test_accepted_over_expected_compares_acceptance_with_the_scores():
+    w = wl(("a", [1], range(100, 110)), ("b", [2], [7, 8, 9]))
+    sure = replay(w, lambda: Oracle(w), ReplaySettings(budget=4))
+    assert sure.expected == pytest.approx(10.0)  # every drafted token, score 1, accepted
+    assert sure.accepted_over_expected == pytest.approx(1.0)
+    half = replay(w, lambda: HalfSure(w), ReplaySettings(budget=4))
+    assert half.accepted == sure.accepted
+    assert half.accepted_over_expected == pytest.approx(2.0)  # scores too low by half
+    nothing = replay(w, Recorder, ReplaySettings(budget=4))
+    assert nothing.expected == 0.0 and nothing.accepted_over_expected is None
+
+
 def test_drafter_proposing_nothing_has_mat_zero():
     w = wl(("a", [1], range(10)), ("b", [2], range(4)))
     for concurrency in (1, 2):

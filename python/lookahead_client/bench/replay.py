@@ -140,11 +140,15 @@ class ReplayResult:
         drafter_stats: ``stats()`` of each drafter instance at the end.
         phase_steps, phase_accepted: ``steps`` and ``accepted`` split by phase: steps that
             start in the first half of their response, then the others.
+        expected: what the drafter's scores expected of the verified trees: the sum of their
+            node scores (a node's score is the probability that its path is accepted, so the
+            sum is the tree's expected accepted length).
     """
 
     requests: int = 0
     steps: int = 0
     accepted: int = 0
+    expected: float = 0.0
     phase_steps: list[int] = field(default_factory=lambda: [0, 0])
     phase_accepted: list[int] = field(default_factory=lambda: [0, 0])
     wall_s: float = 0.0
@@ -162,6 +166,12 @@ class ReplayResult:
     def tokens_per_step(self) -> float:
         """Tokens the target emits per step: MAT + 1."""
         return self.mat + 1.0
+
+    @property
+    def accepted_over_expected(self) -> float | None:
+        """Accepted draft tokens over the drafter's expected count: 1.0 when its scores are
+        calibrated (None when it expected nothing, e.g. a drafter without scores)."""
+        return self.accepted / self.expected if self.expected > 0 else None
 
     def phase_mat(self, phase: int) -> float:
         """MAT of the steps of one phase (0: first half of the responses, 1: second half)."""
@@ -393,6 +403,7 @@ def replay(
                 live.steps += 1
                 live.accepted += acc
                 live.accepted_last = acc
+                result.expected += sum(tree.scores)
                 phase = 0 if 2 * pos < len(response) else 1
                 result.phase_steps[phase] += 1
                 result.phase_accepted[phase] += acc

@@ -37,6 +37,7 @@ COLUMNS = (
     ("MAT 1st", "mat_first_half", 7, ".3f"),
     ("MAT 2nd", "mat_second_half", 7, ".3f"),
     ("tok/step", "tokens_per_step", 8, ".3f"),
+    ("acc/exp", "accepted_over_expected", 7, ".2f"),
     ("wall s", "wall_s", 8, ".1f"),
 )
 
@@ -62,6 +63,8 @@ def result_row(
         "mat_first_half": result.phase_mat(0),
         "mat_second_half": result.phase_mat(1),
         "tokens_per_step": result.tokens_per_step,
+        "expected": result.expected,
+        "accepted_over_expected": result.accepted_over_expected,
         "engine_steps": result.engine_steps,
         "wall_s": result.wall_s,
         "drafter_s": result.drafter_s,
@@ -79,9 +82,12 @@ def format_header() -> str:
 
 
 def format_row(row: dict) -> str:
-    """One table line."""
+    """One table line (a figure that is None, such as ``acc/exp`` of a drafter without
+    scores, shows as "-")."""
     return "  ".join(
-        f"{row[key]:<{width}{fmt}}" if fmt == "s" else f"{row[key]:>{width}{fmt}}"
+        f"{row[key]:<{width}{fmt}}"
+        if fmt == "s"
+        else f"{'-' if row[key] is None else format(row[key], fmt):>{width}}"
         for _, key, width, fmt in COLUMNS
     )
 
