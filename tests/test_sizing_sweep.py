@@ -10,7 +10,7 @@ import pytest
 from lookahead_client import EmbeddedDrafter
 from lookahead_client.bench import cli
 from lookahead_client.bench.replay import ReplaySettings, accepted_length, accepted_nodes, replay
-from lookahead_client.bench.sizing import CostCurve, TimedSteps, sweep
+from lookahead_client.bench.sizing import MeasuredCurve, TimedSteps, sweep
 from lookahead_client.bench.workload import DEMO_WORKLOAD, load_workload
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import DraftTree
@@ -59,14 +59,14 @@ def rows_by_mode(rows):
 
 
 def test_policy_speculates_when_verifying_is_free_and_stops_when_it_is_not(tmp_path, workload):
-    free = CostCurve.load(curve_file(tmp_path, memory_bound))
+    free = MeasuredCurve.load(curve_file(tmp_path, memory_bound))
     rows = rows_by_mode(sweep(workload, EmbeddedDrafter, free, [1], [4, 16]))
     best_fixed = max(rows[(1, "fixed", 4)].speedup, rows[(1, "fixed", 16)].speedup)
     assert best_fixed > 1.5
     assert rows[(1, "policy", 16)].speedup >= 0.97 * best_fixed
     assert rows[(1, "policy", 16)].plain_step_fraction < 0.5
 
-    costly = CostCurve.load(curve_file(tmp_path, compute_bound, "costly"))
+    costly = MeasuredCurve.load(curve_file(tmp_path, compute_bound, "costly"))
     rows = rows_by_mode(sweep(workload, EmbeddedDrafter, costly, [16], [4, 16]))
     assert rows[(16, "fixed", 16)].speedup < 1.0  # whole trees lose to plain decoding here
     policy = rows[(16, "policy", 16)]
@@ -76,7 +76,7 @@ def test_policy_speculates_when_verifying_is_free_and_stops_when_it_is_not(tmp_p
 
 
 def test_plain_mode_runs_one_token_per_step(tmp_path, workload):
-    curve = CostCurve.load(curve_file(tmp_path, compute_bound))
+    curve = MeasuredCurve.load(curve_file(tmp_path, compute_bound))
     hook = TimedSteps(curve, "plain", 8)
     result = replay(workload, EmbeddedDrafter, ReplaySettings(8, 4), hook=hook)
     assert result.accepted == 0 and hook.plain_steps == hook.steps
@@ -95,7 +95,7 @@ def test_accepted_nodes_follow_the_longest_matching_path():
 def test_curve_file_errors_and_cli(tmp_path, capsys):
     path = curve_file(tmp_path, memory_bound)
     with pytest.raises(InvalidArgumentError) as err:
-        CostCurve.load(path, "no-such-model")
+        MeasuredCurve.load(path, "no-such-model")
     assert err.value.field == "cost_curve"
     out = tmp_path / "rows.json"
     status = cli.main(

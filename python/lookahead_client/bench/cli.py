@@ -166,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _sizing_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dataclasses import asdict
 
-    from .sizing import CostCurve, sweep
+    from .sizing import MeasuredCurve, sweep
 
     try:
         spec = get_spec(args.drafter)
         options = DrafterOptions(max(args.budget))
         spec.check(options)
-        curve = CostCurve.load(args.cost_curve, args.model)
+        curve = MeasuredCurve.load(args.cost_curve, args.model)
         paths = args.workload or [str(DEMO_WORKLOAD)]
         workloads = [load_workload(path, limit=args.limit) for path in paths]
     except (UnknownDrafterError, ImportError, ValueError, OSError, KeyError) as exc:

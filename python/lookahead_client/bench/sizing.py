@@ -32,15 +32,17 @@ from lookahead_client.types import Drafter, DraftTree
 from .replay import ReplaySettings, replay
 from .workload import Workload
 
-__all__ = ["MODES", "CostCurve", "TimedSteps", "SweepRow", "sweep"]
+__all__ = ["MODES", "MeasuredCurve", "TimedSteps", "SweepRow", "sweep"]
 
 #: The ways a step is run.
 MODES = ("plain", "fixed", "policy")
 
 
 @dataclass(frozen=True)
-class CostCurve:
-    """A measured cost curve: the fitted model, the context it was measured at, its source.
+class MeasuredCurve:
+    """A GPU's measured step times (``scripts/gpu_cost_curve.py``), fitted: the model, the
+    context it was measured at, its source. (Not the core's ``CostCurve``, the compact curve
+    a drafter sizes against: this one times the sweep's simulated steps.)
 
     Attributes:
         cost: the fitted model.
@@ -53,7 +55,7 @@ class CostCurve:
     label: str
 
     @classmethod
-    def load(cls, path: str | Path, model: str | None = None) -> CostCurve:
+    def load(cls, path: str | Path, model: str | None = None) -> MeasuredCurve:
         """Reads ``scripts/gpu_cost_curve.py``'s JSON; ``model`` picks a shape (the first
         one by default).
 
@@ -83,7 +85,9 @@ class TimedSteps:
             slots) or ``ragged`` (each request its own).
     """
 
-    def __init__(self, curve: CostCurve, mode: str, budget: int, layout: str = "padded") -> None:
+    def __init__(
+        self, curve: MeasuredCurve, mode: str, budget: int, layout: str = "padded"
+    ) -> None:
         if mode not in MODES:
             raise InvalidArgumentError(f"mode must be one of {MODES}, got {mode!r}", field="mode")
         self.curve = curve
@@ -169,7 +173,7 @@ class SweepRow:
 def sweep(
     workload: Workload,
     drafter_factory: Callable[[], Drafter],
-    curve: CostCurve,
+    curve: MeasuredCurve,
     concurrencies: Sequence[int],
     budgets: Sequence[int],
     layout: str = "padded",

@@ -24,6 +24,7 @@ import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.session import DraftSession
 from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import PackedSlots, pack_batch
@@ -112,17 +113,22 @@ class DrafterCorpus:
                 "a corpus needs a drafter or a rank to share with", field="guard"
             )
         self.num_slots = num_slots
-        self.guard = guard
         self.vocab_size = vocab_size
         self._share = share
-        self.book = RequestBook(budget=num_slots - 1)
+        #: The drafting loop; None on ranks that receive their drafts (``share``).
+        self.session = (
+            None if guard is None else DraftSession(guard, RequestBook(num_slots - 1), _log)
+        )
         self._context: StepContext | None = None
-        self._warn = WarnOnce(_log)
         self._corpora: dict[str, int] = {}
-        self.steps = 0
         self.drafted_requests = 0
         self.draft_nodes = 0
         self.fallback_requests = 0
+
+    @property
+    def guard(self) -> DraftGuard | None:
+        """The drafter behind its deadline (None on ranks that receive their drafts)."""
+        return None if self.session is None else self.session.guard
 
     # -- per-step context (set by the worker) ---------------------------------------------
 
@@ -146,7 +152,7 @@ class DrafterCorpus:
                 the last one is the root of the request's tree.
             total_lens: the number of tokens of each request, spliced tokens included.
         """
-        if self.guard is None:
+        if self.session is None:
             assert self._share is not None
             return self._share(None)
         roots = np.fromiter(
@@ -155,9 +161,9 @@ class DrafterCorpus:
             count=len(batch_tokens),
         )
         try:
-            arrays = self._draft(req_ids, batch_tokens, total_lens, roots)
+            arrays = self._draft(self.session, req_ids, batch_tokens, total_lens, roots)
         except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
-            self._warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
+            self.session.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
             arrays = self._root_only(roots)
         return self._share(arrays) if self._share is not None else arrays
 
@@ -169,12 +175,14 @@ class DrafterCorpus:
 
     def reset(self) -> None:
         """SGLang flushed its cache: every request is finished (the shared statistics stay)."""
-        self.book.forget_all()
+        if self.session is not None:
+            self.session.book.forget_all()
 
     def erase_match_state(self, req_ids: Sequence[str]) -> None:
         """Requests left the decode batch: they are finished with the next step."""
-        for rid in req_ids:
-            self.book.forget(rid)
+        if self.session is not None:
+            for rid in req_ids:
+                self.session.book.forget(rid)
 
     # -- external corpora (SGLang's /add_external_corpus...) --------------------------------
 
@@ -218,6 +226,7 @@ class DrafterCorpus:
 
     def _views(
         self,
+        warn: WarnOnce,
         req_ids: Sequence[str],
         batch_tokens: Sequence[Sequence[int]],
         total_lens: Sequence[int],
@@ -227,7 +236,7 @@ class DrafterCorpus:
         context = self._context
         bs = len(req_ids)
         if context is None or len(context.reqs) != bs:
-            self._warn("context", "lookahead got no batch for a corpus lookup; no drafts")
+            warn("context", "lookahead got no batch for a corpus lookup; no drafts")
             return [None] * bs
         spliced = context.spliced() or ()
         views: list[RequestView | None] = []
@@ -249,59 +258,43 @@ class DrafterCorpus:
 
     def _draft(
         self,
+        session: DraftSession,
         req_ids: Sequence[str],
         batch_tokens: Sequence[Sequence[int]],
         total_lens: Sequence[int],
         roots: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The step's arrays: each request's tree, root-only where there is no usable draft."""
-        guard = self.guard
-        assert guard is not None
-        self.steps += 1
-        for plan, outcome in guard.collect():
-            self.book.commit(plan, outcome.failed)
-        if not guard.ready:
-            guard.skip()
+        if not session.begin():
             return self._root_only(roots)
-        views = self._views(req_ids, batch_tokens, total_lens)
+        views = self._views(session.warn, req_ids, batch_tokens, total_lens)
         for i, view in enumerate(views):
             if view is None:
-                self._warn(
+                session.warn(
                     "mismatch",
                     "request %s: SGLang's tokens do not match lookahead's "
                     "view of the request; it is started again",
                     req_ids[i],
                 )
-                self.book.resync(req_ids[i])
+                session.book.resync(req_ids[i])
         known = [i for i, v in enumerate(views) if v is not None]
-        plan = self.book.plan([v for v in views if v is not None])  # in the order of known
-        if not plan.requests:
-            return self._root_only(roots)
-        outcome = guard.run(plan.requests, token=plan)
-        if outcome.late:
-            return self._root_only(roots)
-        self.book.commit(plan, outcome.failed)
-        if outcome.batch is None:
+        drafts = session.draft([v for v in views if v is not None])  # in the order of known
+        if drafts is None:
             return self._root_only(roots)
         # The drafter's tree of each request of the batch (-1: none, a root-only row).
         rows = np.full(len(roots), -1, dtype=np.int64)
-        failed = outcome.failed or frozenset()
         for j, i in enumerate(known):
-            index = plan.live[j]
-            if index >= 0 and index not in failed:
-                rows[i] = index
-        packed = self._pack(outcome.batch, roots, rows)
+            rows[i] = drafts.tree_of(j)
+        packed = self._pack(drafts.batch, roots, rows)
         refused = set()
         for i, kind, message in packed.problems:
             refused.add(i)
-            self._warn(kind, "request %s: %s", req_ids[i], message)
-            if kind == "root":
-                self.book.resync(req_ids[i])  # the drafter's copy is wrong: start it again
+            session.refused(req_ids[i], kind, message)
         for j, i in enumerate(known):
             if rows[i] < 0 or i in refused:
-                self.book.fed(plan, j, -1)
+                session.fed(drafts, j, -1)
             else:
-                self.book.fed(plan, j, int(packed.depths[i]), float(packed.expected[i]))
+                session.fed(drafts, j, int(packed.depths[i]), float(packed.expected[i]))
         return packed.tokens, packed.mask
 
     def _root_only(self, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -324,19 +317,10 @@ class DrafterCorpus:
     def stats(self) -> dict[str, int | float | bool]:
         """Counters of this process's drafting (steps, drafts, fallbacks, resyncs...)."""
         out: dict[str, int | float | bool] = {
-            "steps": self.steps,
             "drafted_requests": self.drafted_requests,
             "draft_nodes": self.draft_nodes,
             "empty_requests": self.fallback_requests,
-            "tracked_requests": len(self.book),
-            "resyncs": self.book.resyncs,
-            "accepted_drafts": self.book.accepted_drafts,
-            "expected_drafts": round(self.book.expected_drafts, 2),
-            "disabled_requests": self.book.disabled,
-            "owed_ends": self.book.owed_ends,
         }
-        for kind, count in self._warn.counts.items():
-            out[f"problems_{kind}"] = count
-        if self.guard is not None:
-            out.update(self.guard.stats())
+        if self.session is not None:
+            out.update(self.session.stats())
         return out

@@ -21,7 +21,8 @@ import numpy as np
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.checks import tree_problem
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import guard_for
+from lookahead_client.engine.guard import DraftGuard, guard_for
+from lookahead_client.engine.session import DraftSession
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.types import DraftShape
@@ -82,15 +83,29 @@ class ChainDrafting:
         drafter = config.build_drafter(
             num_slots=k + 1, vocab_size=vocab_size, context_len=max_model_len
         )
-        self.guard = guard_for(config, drafter)
         shape = DraftShape.SIZED_CHAIN if config.sizing else DraftShape.CHAIN
-        self.book = RequestBook(budget=k, shape=shape)
+        self.session = DraftSession(
+            guard_for(config, drafter), RequestBook(budget=k, shape=shape), _log
+        )
         #: The engine's step times, fitted; the core sizes chains against them.
         self.cost = StepCostFeed() if config.sizing else None
-        self.warn = WarnOnce(_log)
-        self.steps = 0
         self.drafted_requests = 0
         self.draft_tokens = 0
+
+    @property
+    def guard(self) -> DraftGuard:
+        """The drafter behind its deadline."""
+        return self.session.guard
+
+    @property
+    def book(self) -> RequestBook:
+        """The requests as the drafter holds them."""
+        return self.session.book
+
+    @property
+    def warn(self) -> WarnOnce:
+        """Problems, logged once per kind and counted."""
+        return self.session.warn
 
     def end(self, rids: Iterable[str]) -> None:
         """The requests left vLLM (finished or aborted): ended in the drafter next step."""
@@ -105,17 +120,10 @@ class ChainDrafting:
             self.cost.observe(tokens, seconds, rows=rows, context=context, pairs=pairs)
 
     def begin(self) -> bool:
-        """Starts a step: settles the drafter's answers to earlier steps. False when the
-        drafter is still busy with one (the step has no drafts; a skip is counted); else
-        :meth:`step` follows, and :meth:`needs_from` holds until it does."""
-        self.steps += 1
-        guard = self.guard
-        for plan, outcome in guard.collect():
-            self.book.commit(plan, outcome.failed)
-        if not guard.ready:
-            guard.skip()
-            return False
-        return True
+        """Starts a step (:meth:`DraftSession.begin`): False when the drafter is still busy
+        with an earlier one (the step has no drafts); else :meth:`step` follows, and
+        :meth:`needs_from` holds until it does."""
+        return self.session.begin()
 
     def needs_from(self, rid: str) -> int | None:
         """The position from which this step needs ``rid``'s tokens (0: all of them; None:
@@ -125,36 +133,26 @@ class ChainDrafting:
     def step(self, rows: Sequence[Row]) -> list[Chain]:
         """The chain of each row that gets one (rows without a chain decode plainly); after
         :meth:`begin` returned True."""
-        guard = self.guard
         views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature, r.start) for r in rows]
-        plan = self.book.plan(views)
-        if not plan.requests:
-            return []
         cost = None if self.cost is None else self.cost.curve()
-        outcome = guard.run(plan.requests, token=plan, cost=cost)
-        if outcome.late:
-            return []
-        self.book.commit(plan, outcome.failed)
-        if outcome.batch is None:
+        drafts = self.session.draft(views, cost)
+        if drafts is None:
             return []
         chains = []
         for j, row in enumerate(rows):
-            index = plan.live[j]
-            if index < 0 or (outcome.failed and index in outcome.failed):
-                self.book.fed(plan, j, -1)
+            index = drafts.tree_of(j)
+            if index < 0:
+                self.session.fed(drafts, j, -1)
                 continue
-            chain = outcome.batch.tree(index)
+            chain = drafts.batch.tree(index)
             problem = tree_problem(chain, int(row.output[-1]), self.vocab_size)
             if problem is not None:
-                kind, message = problem
-                self.warn(kind, "request %s: %s", row.rid, message)
-                if kind == "root":
-                    self.book.resync(row.rid)  # the drafter's copy is wrong
-                self.book.fed(plan, j, -1)
+                self.session.refused(row.rid, *problem)
+                self.session.fed(drafts, j, -1)
                 continue
             n = min(self.k, row.room, len(chain))
             scores = np.asarray(chain.scores[:n], dtype=np.float64)
-            self.book.fed(plan, j, n, float(scores.sum()))
+            self.session.fed(drafts, j, n, float(scores.sum()))
             if n == 0:
                 continue
             parents = np.concatenate(([1.0], scores[:-1]))
@@ -169,21 +167,14 @@ class ChainDrafting:
         remote client's own fallbacks, the draft nodes the core sized away."""
         out: dict[str, Any] = {
             "sizing": self.cost is not None,
-            "steps": self.steps,
             "drafted_requests": self.drafted_requests,
             "draft_tokens": self.draft_tokens,
-            "tracked_requests": len(self.book),
-            "resyncs": self.book.resyncs,
-            "accepted_drafts": self.book.accepted_drafts,
-            "expected_drafts": round(self.book.expected_drafts, 2),
         }
-        out.update(self.guard.stats())
+        out.update(self.session.stats())
         drafter = self.guard.drafter
         client_stats = getattr(drafter, "client_stats", None)
         if callable(client_stats):  # a remote drafter's own fallbacks and outages
             out["client"] = client_stats()
         elif self.cost is not None and hasattr(drafter, "stats"):  # in-process: no call
             out["sized_away"] = drafter.stats().get("sized_away")
-        for kind, count in self.warn.counts.items():
-            out[f"problems_{kind}"] = count
         return out

@@ -273,7 +273,7 @@ class LookaheadProposer:
     def __repr__(self) -> str:
         if self._drafting is None:
             return f"LookaheadProposer(K={self.k}, rank={self.rank}, no drafter)"
-        steps = self._drafting.steps
+        steps = self._drafting.session.steps
         return f"LookaheadProposer(K={self.k}, {self.config.describe()}, steps={steps})"
 
 

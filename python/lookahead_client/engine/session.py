@@ -1,0 +1,125 @@
+"""One engine's drafting loop, shared by the SGLang corpus and the vLLM drafting.
+
+Every engine step goes the same way, whichever engine asks:
+
+1. :meth:`DraftSession.begin` settles the drafter's answers to earlier steps (the guard's late
+   outcomes are committed to the request book); while the drafter is still busy with one, the
+   step has no drafts.
+2. :meth:`DraftSession.draft` plans the step from the engine's views of its requests (the book
+   sends each request's tokens once), runs it behind the deadline guard and commits what the
+   drafter now holds; ``None`` when there is nothing to use (no request to draft, too late, or
+   the drafter failed as a whole).
+3. The engine lays the trees out in its own arrays, and tells the session what each request got
+   (:meth:`DraftSession.fed`), so the next step can check the drafter's expectations against
+   what the engine accepted; a tree the engine cannot use is :meth:`DraftSession.refused`.
+
+Only step 3 differs between engines (SGLang's slot arrays, vLLM's chains).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
+from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.warn_once import WarnOnce
+from lookahead_client.types import DraftBatch, EngineCost
+
+__all__ = ["DraftSession", "Drafts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Drafts:
+    """The drafter's answer to one step, and which of the step's views got which tree.
+
+    Attributes:
+        plan: the step as the book planned it.
+        batch: the drafter's trees, indexed by the plan's requests.
+        failed: indices into ``plan.requests`` the drafter refused (their trees are empty).
+    """
+
+    plan: StepPlan
+    batch: DraftBatch
+    failed: frozenset[int]
+
+    def tree_of(self, view: int) -> int:
+        """The tree of the ``view``-th view in ``batch``: its index, -1 when it has none (not
+        drafted this step, or refused by the drafter)."""
+        index = self.plan.live[view]
+        return -1 if index < 0 or index in self.failed else index
+
+
+class DraftSession:
+    """The request book and the deadline guard of one engine, stepped together.
+
+    Args:
+        guard: the drafter behind its deadline.
+        book: the engine's requests as the drafter holds them.
+        log: where problems are logged (once per kind, then counted).
+    """
+
+    def __init__(self, guard: DraftGuard, book: RequestBook, log: logging.Logger) -> None:
+        self.guard = guard
+        self.book = book
+        self.warn = WarnOnce(log)
+        #: Engine steps begun.
+        self.steps = 0
+
+    def begin(self) -> bool:
+        """Starts a step: commits the answers that came in late. False when the drafter is
+        still busy (a skip is counted; the step decodes plainly)."""
+        self.steps += 1
+        for plan, outcome in self.guard.collect():
+            self.book.commit(plan, outcome.failed)
+        if not self.guard.ready:
+            self.guard.skip()
+            return False
+        return True
+
+    def draft(self, views: Sequence[RequestView], cost: EngineCost | None = None) -> Drafts | None:
+        """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
+        the step has none to use."""
+        plan = self.book.plan(views)
+        if not plan.requests:
+            return None
+        outcome = self.guard.run(plan.requests, token=plan, cost=cost)
+        if outcome.late:
+            return None  # committed by a later begin(), when it comes in
+        self.book.commit(plan, outcome.failed)
+        if outcome.batch is None:
+            return None
+        return Drafts(plan, outcome.batch, outcome.failed or frozenset())
+
+    def fed(self, drafts: Drafts, view: int, depth: int, expected: float = 0.0) -> None:
+        """The engine verifies, for the ``view``-th view, a draft of ``depth`` levels (-1:
+        none) whose scores sum to ``expected``."""
+        self.book.fed(drafts.plan, view, depth, expected)
+
+    def refused(self, rid: str, kind: str, message: str) -> None:
+        """The engine cannot use ``rid``'s tree (see :func:`~.checks.tree_problem`): logged;
+        a tree on the wrong root means the drafter's copy of the request is wrong, so the
+        request is started again."""
+        self.warn(kind, "request %s: %s", rid, message)
+        if kind == "root":
+            self.book.resync(rid)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the loop: steps, the book's requests and calibration counts, problems
+        by kind, and the guard's own (deadlines, skips, fallbacks, proposer time)."""
+        book = self.book
+        out: dict[str, Any] = {
+            "steps": self.steps,
+            "tracked_requests": len(book),
+            "resyncs": book.resyncs,
+            "accepted_drafts": book.accepted_drafts,
+            "expected_drafts": round(book.expected_drafts, 2),
+            "disabled_requests": book.disabled,
+            "owed_ends": book.owed_ends,
+        }
+        for kind, count in self.warn.counts.items():
+            out[f"problems_{kind}"] = count
+        out.update(self.guard.stats())
+        return out

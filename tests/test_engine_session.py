@@ -1,0 +1,85 @@
+"""The engine drafting loop (`engine/session.py`) that SGLang's corpus and vLLM's drafting share,
+driven with the real embedded drafter."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from lookahead_client import EmbeddedDrafter
+from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.session import DraftSession
+
+LOG = logging.getLogger("test_engine_session")
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
+
+
+def session(drafter, deadline: float | None = None) -> DraftSession:
+    return DraftSession(DraftGuard(drafter, deadline), RequestBook(budget=4), LOG)
+
+
+def test_a_step_drafts_and_the_next_one_checks_the_expectation():
+    s = session(EmbeddedDrafter())
+    assert s.begin()
+    drafts = s.draft([RequestView("r", PROMPT, [8])])
+    assert drafts is not None
+    index = drafts.tree_of(0)
+    tree = drafts.batch.tree(index)
+    assert list(tree.tokens[:3]) == [5, 6, 7]  # the prompt's loop, continued
+    s.fed(drafts, 0, 2, sum(tree.scores[:2]))
+    # the engine accepted both fed tokens: the next step sends them and a bonus token
+    assert s.begin()
+    s.draft([RequestView("r", PROMPT, [8, 5, 6, 7])])
+    stats = s.stats()
+    assert stats["steps"] == 2 and stats["tracked_requests"] == 1
+    assert stats["accepted_drafts"] == 2
+    assert 0 < stats["expected_drafts"] <= 2
+
+
+def test_a_tree_on_the_wrong_root_starts_the_request_again():
+    s = session(EmbeddedDrafter())
+    s.begin()
+    drafts = s.draft([RequestView("r", PROMPT, [8])])
+    assert drafts is not None
+    s.refused("r", "root", "root 3 is not the request's last token 8")
+    assert s.book.resyncs == 1 and "r" not in s.book
+    s.refused("r", "vocab", "token 99999 out of range")  # logged only
+    assert s.book.resyncs == 1
+    assert s.stats()["problems_root"] == 1 and s.stats()["problems_vocab"] == 1
+
+
+class Sleepy:
+    """The embedded drafter, held up until released."""
+
+    sizes_drafts = True
+
+    def __init__(self) -> None:
+        self.inner = EmbeddedDrafter()
+        self.release = threading.Event()
+
+    def step(self, requests, cost=None):
+        self.release.wait(10)
+        return self.inner.step(requests, cost)
+
+
+def test_a_late_answer_gives_no_drafts_and_is_committed_later():
+    drafter = Sleepy()
+    s = session(drafter, deadline=0.01)
+    assert s.begin()
+    assert s.draft([RequestView("r", PROMPT, [8])]) is None  # past the deadline
+    assert not s.begin()  # still busy: this step decodes plainly
+    drafter.release.set()
+    _wait_idle(s)
+    assert s.begin()  # the late answer is committed: the book holds the request
+    assert "r" in s.book
+    assert s.stats()["steps"] == 3
+
+
+def _wait_idle(s: DraftSession) -> None:
+    """Waits (at most 5 s) for the guard's late call to end."""
+    for _ in range(500):
+        if not s.guard.busy:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the late call never ended")
