@@ -238,3 +238,35 @@ def test_the_execute_model_hook_never_raises_into_vllm(monkeypatch: pytest.Monke
     runner = GPUModelRunner()
     runner.drafter, runner.input_batch = Broken(), None
     assert runner.execute_model("step-1") == ("stepped", "step-1")
+
+
+class Wrong(Recorder):
+    """A recorder whose trees are wrong for some requests: ``bad_root`` hangs under a token
+    that is not the request's last, ``bad_vocab`` proposes ids outside the vocabulary."""
+
+    def step(self, requests, cost=None):
+        trees = super().step(requests, cost)
+        out = []
+        for r, t in zip(requests, trees, strict=True):
+            rid = r.request_id.split(":")[1]
+            if rid == "bad_root" and t.tokens:
+                t = DraftTree(t.root + 1, t.tokens, t.parents, t.scores)
+            elif rid == "bad_vocab" and t.tokens:
+                t = DraftTree(t.root, (7, 5000, 9), t.parents, t.scores)
+            out.append(t)
+        return out
+
+
+def test_wrong_trees_are_not_proposed_and_a_wrong_root_restarts_the_request() -> None:
+    rec = Wrong()
+    runner = Runner(make(rec))
+    for rid in ("good", "bad_root", "bad_vocab"):
+        runner.add(rid, [1, 2, 3])
+    drafts = runner.step({"good": [10], "bad_root": [11], "bad_vocab": [12]})
+    assert drafts == [[7, 8, 9], [], []]
+    stats = runner.proposer.stats()
+    assert stats["problems_root"] == 1 and stats["problems_vocab"] == 1
+    # the wrong root means the drafter's copy is wrong: that request is started again
+    assert runner.proposer.book.resyncs == 1
+    runner.step({"good": [13], "bad_root": [14], "bad_vocab": [15]})
+    assert len([r for r in rec.asked if r.prompt is not None]) == 4  # 3 starts + 1 restart

@@ -21,8 +21,10 @@ from pathlib import Path
 
 from lookahead_client.errors import InvalidArgumentError
 
+from .arguments import int_list
 from .cluster import ClusterLag
 from .load import add_load_parser, run_load
+from .proposer import add_proposer_parser, run_proposer
 from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
 from .replay import ADMISSION, SHARING, ReplayError, ReplayResult, ReplaySettings, replay
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
@@ -32,18 +34,6 @@ from .vllm_engine import add_vllm_parser, run_vllm
 from .workload import DEMO_WORKLOAD, Workload, WorkloadError, load_workload
 
 __all__ = ["main", "build_parser"]
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return list(dict.fromkeys(values))
 
 
 def _choice_list(choices: Sequence[str]):
@@ -88,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a drafter name (repeatable; default: lookahead); see the list below",
     )
-    rp.add_argument("--budget", type=_int_list, default=[4, 8, 16], help="draft budgets B")
-    rp.add_argument("--concurrency", type=_int_list, default=[1], help="slots per replica C")
-    rp.add_argument("--replicas", type=_int_list, default=[1], help="replicas R")
+    rp.add_argument("--budget", type=int_list, default=[4, 8, 16], help="draft budgets B")
+    rp.add_argument("--concurrency", type=int_list, default=[1], help="slots per replica C")
+    rp.add_argument("--replicas", type=int_list, default=[1], help="replicas R")
     rp.add_argument(
         "--sharing",
         type=_choice_list(SHARING),
@@ -151,15 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--drafter", default="lookahead", help="a drafter name (default: lookahead)")
     sp.add_argument(
-        "--concurrency", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64], help="engine slots C"
+        "--concurrency", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="engine slots C"
     )
-    sp.add_argument("--budget", type=_int_list, default=[4, 8, 16], help="fixed budgets")
+    sp.add_argument("--budget", type=int_list, default=[4, 8, 16], help="fixed budgets")
     sp.add_argument("--layout", choices=("padded", "ragged"), default="padded")
     sp.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     sp.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     add_load_parser(sub)
     add_vllm_parser(sub)
     add_sglang_parser(sub)
+    add_proposer_parser(sub)
     return parser
 
 
@@ -349,6 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_load(args)
     if args.command == "sizing":
         return _sizing_command(args, argv)
+    if args.command == "proposer":
+        try:
+            return run_proposer(args)
+        except InvalidArgumentError as exc:
+            print(f"lookahead-bench proposer: error: {exc}", file=sys.stderr)
+            return 2
     if args.command in ("vllm", "sglang"):
         try:
             return (run_vllm if args.command == "vllm" else run_sglang)(args)

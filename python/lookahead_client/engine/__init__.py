@@ -6,7 +6,7 @@
   the engine's step;
 * :mod:`.session`: :class:`~.session.DraftSession`, the book and the guard stepped together: the
   one drafting loop of every engine (each adds only its own arrays);
-* :mod:`.checks`: :func:`~.checks.tree_problem`, whether a drafter's tree may be proposed;
+* :mod:`.checks`: :func:`~.checks.draft_problem`, whether a drafter's tree may be proposed;
 * :mod:`.warn_once`: :class:`~.warn_once.WarnOnce`, per-step problems logged once.
 
 None of them imports an engine or torch.

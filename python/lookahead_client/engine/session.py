@@ -99,7 +99,7 @@ class DraftSession:
         self.book.fed(drafts.plan, view, depth, expected)
 
     def refused(self, rid: str, kind: str, message: str) -> None:
-        """The engine cannot use ``rid``'s tree (see :func:`~.checks.tree_problem`): logged;
+        """The engine cannot use ``rid``'s tree (see :func:`~.checks.draft_problem`): logged;
         a tree on the wrong root means the drafter's copy of the request is wrong, so the
         request is started again."""
         self.warn(kind, "request %s: %s", rid, message)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView
-from lookahead_client.engine.checks import tree_problem
+from lookahead_client.engine.checks import draft_problem
 from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.engine.session import DraftSession
@@ -138,26 +138,33 @@ class ChainDrafting:
         drafts = self.session.draft(views, cost)
         if drafts is None:
             return []
+        batch = drafts.batch
+        # the columns as lists once: a step reads a few nodes of each row
+        roots, starts, sizes = batch.roots.tolist(), batch.offsets.tolist(), batch.sizes.tolist()
+        tokens, scores = batch.tokens.tolist(), batch.scores.tolist()
         chains = []
         for j, row in enumerate(rows):
             index = drafts.tree_of(j)
             if index < 0:
                 self.session.fed(drafts, j, -1)
                 continue
-            chain = drafts.batch.tree(index)
-            problem = tree_problem(chain, int(row.output[-1]), self.vocab_size)
+            a = starts[index]
+            problem = draft_problem(
+                roots[index], int(row.output[-1]), tokens[a : a + sizes[index]], self.vocab_size
+            )
             if problem is not None:
                 self.session.refused(row.rid, *problem)
                 self.session.fed(drafts, j, -1)
                 continue
-            n = min(self.k, row.room, len(chain))
-            scores = np.asarray(chain.scores[:n], dtype=np.float64)
-            self.session.fed(drafts, j, n, float(scores.sum()))
+            n = min(self.k, row.room, sizes[index])
+            path = scores[a : a + n]  # each node's probability that the path to it is accepted
+            self.session.fed(drafts, j, n, sum(path))
             if n == 0:
                 continue
-            parents = np.concatenate(([1.0], scores[:-1]))
-            confidence = np.minimum(scores / np.maximum(parents, 1e-12), 1.0)
-            chains.append(Chain(row.index, list(chain.tokens[:n]), confidence.tolist()))
+            # each token's probability given the ones before it
+            parents = [1.0, *path[:-1]]
+            confidence = [min(s / max(p, 1e-12), 1.0) for s, p in zip(path, parents, strict=True)]
+            chains.append(Chain(row.index, tokens[a : a + n], confidence))
             self.drafted_requests += 1
             self.draft_tokens += n
         return chains
