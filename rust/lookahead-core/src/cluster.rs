@@ -7,6 +7,8 @@
 
 use std::collections::VecDeque;
 
+use parking_lot::Mutex;
+
 use crate::Token;
 use crate::types::{CalibrationCounts, GroupKey};
 
@@ -119,6 +121,49 @@ impl<T> Outbox<T> {
     /// Records dropped so far.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+}
+
+/// What a drafter sends the other drafters of its cluster: the texts it learnt and the new
+/// tokens of group members, each in its own bounded outbox.
+#[derive(Debug)]
+pub(crate) struct Outboxes {
+    learned: Mutex<Outbox<LearnedText>>,
+    group_updates: Mutex<Outbox<GroupUpdate>>,
+}
+
+impl Outboxes {
+    /// Two outboxes of at most `max_tokens` tokens each.
+    pub fn new(max_tokens: usize) -> Self {
+        Self {
+            learned: Mutex::new(Outbox::new(max_tokens)),
+            group_updates: Mutex::new(Outbox::new(max_tokens)),
+        }
+    }
+
+    /// Queues a text learnt, of `tokens` tokens.
+    pub fn learned(&self, text: LearnedText, tokens: usize) {
+        self.learned.lock().push(text, tokens);
+    }
+
+    /// Queues a group member's new tokens (`tokens` of them).
+    pub fn group_update(&self, update: GroupUpdate, tokens: usize) {
+        self.group_updates.lock().push(update, tokens);
+    }
+
+    /// Takes the queued texts, oldest first.
+    pub fn take_learned(&self) -> Vec<LearnedText> {
+        self.learned.lock().take()
+    }
+
+    /// Takes the queued group updates, oldest first.
+    pub fn take_group_updates(&self) -> Vec<GroupUpdate> {
+        self.group_updates.lock().take()
+    }
+
+    /// Records of both outboxes dropped past their bounds so far.
+    pub fn dropped(&self) -> u64 {
+        self.learned.lock().dropped() + self.group_updates.lock().dropped()
     }
 }
 

@@ -8,7 +8,7 @@ impl Drafter {
     /// [`DrafterConfig::record_for_cluster`]; bounded (past 1/64 of the memory budget the
     /// oldest are dropped, counted in [`Stats::cluster_dropped`]).
     pub fn take_learned(&self) -> Vec<LearnedText> {
-        self.learned.lock().take()
+        self.outboxes.take_learned()
     }
 
     /// The calibration counts recorded since the last call (engines' feedback on this
@@ -95,7 +95,7 @@ impl Drafter {
     /// Empty unless [`DrafterConfig::record_for_cluster`]; bounded like
     /// [`Self::take_learned`].
     pub fn take_group_updates(&self) -> Vec<GroupUpdate> {
-        self.group_updates.lock().take()
+        self.outboxes.take_group_updates()
     }
 
     /// The groups with an active request here: those whose members elsewhere matter.
@@ -115,9 +115,7 @@ impl Drafter {
         if group.active == 0 {
             return Ok(()); // the group's last request here ended meanwhile
         }
-        let room = self
-            .request_share()
-            .saturating_sub(self.request_bytes.load(Ordering::Relaxed));
+        let room = self.request_share().saturating_sub(self.memory.requests());
         let member = member_key(origin, &update.member);
         group.extend(member, update.offset, &update.tokens, room);
         if update.finished {
@@ -147,7 +145,7 @@ impl Drafter {
             shared_from: (shared_from != usize::MAX).then(|| shared_from - state.prefix_len),
         };
         state.streamed = Some(written);
-        self.learned.lock().push(part, written - streamed);
+        self.outboxes.learned(part, written - streamed);
     }
 
     /// Where a request's output starts in its text when other samples of its group exist

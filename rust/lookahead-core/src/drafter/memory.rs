@@ -30,7 +30,7 @@ impl Drafter {
             + trie.unigram_table_bytes()
             + cluster
             + (64 << 10);
-        let used = fixed + self.request_bytes.load(Ordering::Relaxed);
+        let used = fixed + self.memory.requests();
         self.config.memory_budget_bytes.saturating_sub(used) / BYTES_PER_NODE_BOUND
     }
 
@@ -48,9 +48,7 @@ impl Drafter {
     /// Adds output tokens of a request (from output position `offset`) to its group.
     pub(super) fn extend_member(&self, state: &RequestState, offset: u32, tokens: &[Token]) {
         let mut group = state.group.lock();
-        let room = self
-            .request_share()
-            .saturating_sub(self.request_bytes.load(Ordering::Relaxed));
+        let room = self.request_share().saturating_sub(self.memory.requests());
         group.extend(state.member, offset, tokens, room);
         self.account_group(&mut group);
     }
@@ -58,18 +56,14 @@ impl Drafter {
     /// Brings the drafter's totals of request and group bytes up to date with a group.
     pub(super) fn account_group(&self, group: &mut Group) {
         let (before, after) = (group.accounted_bytes, group.heap_bytes());
-        adjust(&self.request_bytes, before, after);
-        adjust(&self.group_bytes, before, after);
+        self.memory.group_changed(before, after);
         group.accounted_bytes = after;
     }
 
     /// Brings the drafter's total of request bytes up to date with an active request.
     pub(super) fn account(&self, state: &mut RequestState) {
-        adjust(
-            &self.request_bytes,
-            state.accounted_bytes,
-            state.heap_bytes(),
-        );
+        self.memory
+            .request_changed(state.accounted_bytes, state.heap_bytes());
         state.accounted_bytes = state.heap_bytes();
     }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -21,7 +21,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::Token;
 use crate::answer::Drafted;
 use crate::calibration::Calibration;
-use crate::cluster::{GroupUpdate, LearnedText, Outbox};
+use crate::cluster::{GroupUpdate, LearnedText, Outboxes};
 use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
@@ -37,7 +37,9 @@ use crate::tree::DraftTree;
 use crate::trie::{BYTES_PER_NODE_BOUND, NgramTrie};
 use crate::types::CalibrationCounts;
 use crate::types::{GroupKey, MAX_GROUP_NAME_BYTES};
+use accounting::MemoryAccount;
 
+mod accounting;
 mod cluster;
 mod memory;
 mod persist;
@@ -173,18 +175,14 @@ pub struct Drafter {
     /// Requests (possibly ended) whose tokens wait for the shared trie.
     pending: Mutex<Vec<SharedRequest>>,
     calibration: Calibration,
-    /// Heap bytes of all active requests.
-    request_bytes: AtomicUsize,
+    /// Heap bytes of the active requests and their groups.
+    memory: MemoryAccount,
     /// Finished responses by group, for later requests of the same group.
     siblings: Mutex<SiblingResponses>,
     /// Groups with an active request (samples of one prompt running side by side).
     groups: Mutex<HashMap<GroupKey, SharedGroup>>,
-    /// Heap bytes of all groups (also counted in `request_bytes`).
-    group_bytes: AtomicUsize,
-    /// Texts learnt, for the other drafters of a cluster (with `record_for_cluster`).
-    learned: Mutex<Outbox<LearnedText>>,
-    /// New tokens of group members, for the other drafters of a cluster.
-    group_updates: Mutex<Outbox<GroupUpdate>>,
+    /// What the other drafters of a cluster are sent (with `record_for_cluster`).
+    outboxes: Outboxes,
     /// Where other drafters' running requests stand in the trie (their running parts).
     remote: Mutex<RemoteTexts>,
     counters: Counters,
@@ -210,14 +208,12 @@ impl Drafter {
             trie: RwLock::new(NgramTrie::new(config.max_ngram, 0)),
             requests: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
-            request_bytes: AtomicUsize::new(0),
+            memory: MemoryAccount::default(),
             siblings: Mutex::new(SiblingResponses::new(
                 config.memory_budget_bytes / 16 / size_of::<Token>(),
             )),
             groups: Mutex::new(HashMap::new()),
-            group_bytes: AtomicUsize::new(0),
-            learned: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
-            group_updates: Mutex::new(Outbox::new(Self::outbox_tokens(&config))),
+            outboxes: Outboxes::new(Self::outbox_tokens(&config)),
             remote: Mutex::new(RemoteTexts::new(remote_entries.max(16), config.max_ngram)),
             counters: Counters::default(),
             calibration,
@@ -321,9 +317,8 @@ impl Drafter {
         self.check_tokens("tokens", tokens)?;
         self.insert_text(tokens, 0, usize::MAX);
         if self.config.record_for_cluster {
-            self.learned
-                .lock()
-                .push(LearnedText::Document(tokens.to_vec()), tokens.len());
+            self.outboxes
+                .learned(LearnedText::Document(tokens.to_vec()), tokens.len());
         }
         Ok(())
     }
@@ -374,7 +369,7 @@ impl Drafter {
             active_requests: self.requests.lock().len(),
             trie_nodes: trie.live_nodes(),
             memory_bytes: trie_bytes
-                + self.request_bytes.load(Ordering::Relaxed)
+                + self.memory.requests()
                 + self.calibration.heap_bytes()
                 + self.siblings.lock().heap_bytes()
                 + self.remote.lock().heap_bytes(),
@@ -388,8 +383,8 @@ impl Drafter {
             steps_reported: c.steps_reported.load(Ordering::Relaxed),
             sized_away: c.sized_away.load(Ordering::Relaxed),
             active_groups: self.groups.lock().len(),
-            group_bytes: self.group_bytes.load(Ordering::Relaxed),
-            cluster_dropped: self.learned.lock().dropped() + self.group_updates.lock().dropped(),
+            group_bytes: self.memory.groups(),
+            cluster_dropped: self.outboxes.dropped(),
         }
     }
 }
@@ -397,15 +392,6 @@ impl Drafter {
 /// The trees of a step's outcomes.
 fn trees(outcomes: Vec<Result<Drafted, DraftError>>) -> Vec<Result<DraftTree, DraftError>> {
     outcomes.into_iter().map(|r| r.map(|d| d.tree)).collect()
-}
-
-/// Moves an atomic total by the change of one part from `before` to `after` bytes.
-fn adjust(total: &AtomicUsize, before: usize, after: usize) {
-    if after >= before {
-        total.fetch_add(after - before, Ordering::Relaxed);
-    } else {
-        total.fetch_sub(before - after, Ordering::Relaxed);
-    }
 }
 
 /// The group of a request: the one it names, else the one of its prompt.

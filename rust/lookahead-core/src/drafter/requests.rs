@@ -143,7 +143,7 @@ impl Drafter {
                     tokens: new_tokens.to_vec(),
                     finished: item.finished,
                 };
-                self.group_updates.lock().push(update, new_tokens.len());
+                self.outboxes.group_update(update, new_tokens.len());
             }
         }
         if item.finished {
@@ -165,8 +165,7 @@ impl Drafter {
         let removed = self.requests.lock().remove(request_id);
         let Some(request) = removed else { return false };
         let mut state = request.lock();
-        self.request_bytes
-            .fetch_sub(state.accounted_bytes, Ordering::Relaxed);
+        self.memory.request_changed(state.accounted_bytes, 0);
         state.accounted_bytes = 0;
         self.leave_group(&state, finished);
         if self.config.record_for_cluster {
@@ -183,7 +182,7 @@ impl Drafter {
                 request: request_id.to_owned(),
                 streamed,
             };
-            self.learned.lock().push(text, own.len());
+            self.outboxes.learned(text, own.len());
         }
         true
     }
@@ -203,8 +202,7 @@ impl Drafter {
         group.active -= 1;
         if group.active == 0 {
             groups.remove(&state.group_key);
-            adjust(&self.request_bytes, group.accounted_bytes, 0);
-            adjust(&self.group_bytes, group.accounted_bytes, 0);
+            self.memory.group_changed(group.accounted_bytes, 0);
             group.accounted_bytes = 0;
         }
     }
@@ -263,8 +261,7 @@ impl Drafter {
                 max: self.config.max_request_tokens,
             });
         }
-        let needed = self.request_bytes.load(Ordering::Relaxed)
-            + tokens * SuffixAutomaton::bytes_per_token_bound();
+        let needed = self.memory.requests() + tokens * SuffixAutomaton::bytes_per_token_bound();
         if needed > self.request_share() {
             return Err(DraftError::MemoryExhausted {
                 needed,
