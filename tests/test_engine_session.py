@@ -83,3 +83,31 @@ def _wait_idle(s: DraftSession) -> None:
             return
         threading.Event().wait(0.01)
     raise AssertionError("the late call never ended")
+
+
+def test_steps_say_where_their_tokens_start_and_a_drafter_that_holds_otherwise_restarts_them():
+    book = RequestBook(budget=4)
+    first = book.plan([RequestView("r", PROMPT, [8])])
+    assert first.requests[0].prompt is not None and first.requests[0].offset is None
+    book.commit(first, frozenset(), held=[len(PROMPT) + 1])
+    second = book.plan([RequestView("r", PROMPT, [8, 5])])
+    (step,) = second.requests
+    assert step.offset == len(PROMPT) + 1 and list(step.new_tokens) == [5]
+    # the drafter says it holds one token less than was sent: its copy is wrong
+    book.commit(second, frozenset(), held=[len(PROMPT) + 1])
+    assert "r" not in book and book.owed_ends == 1
+    third = book.plan([RequestView("r", PROMPT, [8, 5, 6])])
+    assert third.requests[-1].prompt is not None  # started again from its whole history
+
+
+def test_the_embedded_drafter_refuses_a_step_that_skips_tokens():
+    s = session(EmbeddedDrafter())
+    s.begin()
+    s.draft([RequestView("r", PROMPT, [8])])
+    s.book._tracked["r"].sent += 1  # the book's count goes wrong (a bug elsewhere)
+    s.begin()
+    assert s.draft([RequestView("r", PROMPT, [8, 5, 6])]) is not None
+    assert "r" not in s.book  # refused by offset, so started again next step
+    s.begin()
+    drafts = s.draft([RequestView("r", PROMPT, [8, 5, 6])])
+    assert drafts is not None and drafts.tree_of(0) >= 0 and "r" in s.book

@@ -241,23 +241,29 @@ class RequestBook:
                     accepted_last=accepted,
                     shape=self.shape,
                     temperature=view.temperature,
+                    offset=t.sent,  # a drafter holding other than that refuses the step
                 )
             )
         return plan
 
     # -- outcomes ---------------------------------------------------------------------------
 
-    def commit(self, plan: StepPlan, failed: frozenset[int] | None) -> None:
+    def commit(
+        self, plan: StepPlan, failed: frozenset[int] | None, held: Sequence[int] | None = None
+    ) -> None:
         """Records what the drafter holds after ``plan`` ran.
 
         A request the drafter refused on its own (an index in ``failed``) is started again;
         refused again, it is no longer drafted. When the whole step failed (``failed`` is
         None: the drafter crashed or was cut off) every request is started again and the
-        finishes are sent again, without counting against the requests.
+        finishes are sent again, without counting against the requests. A request the drafter
+        says it holds other than all that was sent (``held``) is started again too.
 
         Args:
             plan: the step.
             failed: indices into ``plan.requests`` whose drafter state is in doubt (None: all).
+            held: per request of ``plan``, the tokens the drafter holds after the step, when
+                it says (:attr:`~lookahead_client.types.DraftBatch.held`).
         """
         whole = failed is None
         if whole:
@@ -269,11 +275,17 @@ class RequestBook:
                 continue
             rid, request = view.rid, plan.requests[index]
             bad = failed is None or index in failed
+            # the drafter holds other than all that was sent: its copy is wrong
+            differs = not bad and held is not None and int(held[index]) != view.total
             if i in plan.starts:
                 if bad or rid in self._gone:
                     self._owed_ends.append(request.request_id)  # it may hold part of it
                     if bad and not whole:
                         self._failed(rid)
+                    continue
+                if differs:
+                    self._owed_ends.append(request.request_id)
+                    self._failed(rid)  # counted: a drafter that keeps differing stops it
                     continue
                 self._tracked[rid] = _Tracked(request.request_id, view.total)
             else:
@@ -285,6 +297,9 @@ class RequestBook:
                         self.resync(rid)
                     else:
                         self._failed(rid)
+                    continue
+                if differs:
+                    self._failed(rid)
                     continue
                 t.sent = view.total
             self._failures.pop(rid, None)

@@ -73,7 +73,7 @@ class DraftSession:
         still busy (a skip is counted; the step decodes plainly)."""
         self.steps += 1
         for plan, outcome in self.guard.collect():
-            self.book.commit(plan, outcome.failed)
+            self.book.commit(plan, outcome.failed, _held(outcome.batch))
         if not self.guard.ready:
             self.guard.skip()
             return False
@@ -88,7 +88,7 @@ class DraftSession:
         outcome = self.guard.run(plan.requests, token=plan, cost=cost)
         if outcome.late:
             return None  # committed by a later begin(), when it comes in
-        self.book.commit(plan, outcome.failed)
+        self.book.commit(plan, outcome.failed, _held(outcome.batch))
         if outcome.batch is None:
             return None
         return Drafts(plan, outcome.batch, outcome.failed or frozenset())
@@ -123,3 +123,8 @@ class DraftSession:
             out[f"problems_{kind}"] = count
         out.update(self.guard.stats())
         return out
+
+
+def _held(batch: DraftBatch | None) -> list[int] | None:
+    """The tokens the drafter says it holds of each request, when it says."""
+    return None if batch is None or batch.held is None else batch.held.tolist()
