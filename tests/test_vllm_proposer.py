@@ -270,3 +270,17 @@ def test_wrong_trees_are_not_proposed_and_a_wrong_root_restarts_the_request() ->
     assert runner.proposer.book.resyncs == 1
     runner.step({"good": [13], "bad_root": [14], "bad_vocab": [15]})
     assert len([r for r in rec.asked if r.prompt is not None]) == 4  # 3 starts + 1 restart
+
+
+def test_proposer_time_is_reported_by_batch_size_with_its_median_and_p99() -> None:
+    runner = Runner(make(Recorder()))
+    runner.add("a", [1, 2, 3])
+    for t in range(5):
+        runner.step({"a": [10 + t]})
+    runner.add("b", [4, 5])
+    runner.step({"a": [20], "b": [30]})
+    timing = runner.proposer.stats()["timing"]
+    assert timing["1"]["calls"] == 5 and timing["2"]["calls"] == 1
+    one = timing["1"]
+    assert 0 < one["proposer_p50_ms"] <= one["proposer_p99_ms"]
+    assert one["proposer_p50_ms"] <= 5 * one["proposer_ms"]  # a median, not a sum
