@@ -323,23 +323,14 @@ impl NativeDrafter {
         for result in results {
             answer.push(result, |e| draft_error(py, &e).into_value(py));
         }
-        let StepColumns {
-            roots,
-            sizes,
-            tokens,
-            parents,
-            scores,
-            held,
-            errors,
-        } = answer;
         (
-            roots.into_pyarray(py),
-            sizes.into_pyarray(py),
-            tokens.into_pyarray(py),
-            parents.into_pyarray(py),
-            scores.into_pyarray(py),
-            held.into_pyarray(py),
-            errors,
+            answer.roots.into_pyarray(py),
+            answer.sizes.into_pyarray(py),
+            answer.tokens.into_pyarray(py),
+            answer.parents.into_pyarray(py),
+            answer.scores.into_pyarray(py),
+            answer.held.into_pyarray(py),
+            answer.errors,
         )
             .into_pyobject(py)
     }

@@ -85,24 +85,16 @@ pub fn core_error(context: &str, error: &DraftError) -> RequestError {
 /// The wire answer to step `step_id`: the core's columns moved into the message, each error
 /// told its row.
 pub fn step_response(step_id: u64, answer: StepColumns<RequestError>) -> StepResponse {
-    let StepColumns {
-        roots,
-        sizes,
-        tokens,
-        parents,
-        scores,
-        held,
-        errors,
-    } = answer;
     StepResponse {
         step_id,
-        roots,
-        sizes,
-        tokens,
-        parents,
-        scores,
-        held,
-        errors: errors
+        roots: answer.roots,
+        sizes: answer.sizes,
+        tokens: answer.tokens,
+        parents: answer.parents,
+        scores: answer.scores,
+        held: answer.held,
+        errors: answer
+            .errors
             .into_iter()
             .map(|(index, error)| RequestError { index, ..error })
             .collect(),
