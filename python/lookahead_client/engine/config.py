@@ -47,6 +47,9 @@ class LookaheadConfig:
             fixed-size trees.
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
+        replica: the engine replica's name (remote only), so that the server counts the
+            accepted draft tokens that came from other replicas' text; None: the host's name
+            and the engine process's id.
     """
 
     target: str | None = None
@@ -58,6 +61,7 @@ class LookaheadConfig:
     chain: bool = DRAFTER_DEFAULTS["chain"]
     sizing: bool = True
     token: str | None = field(default=None, repr=False)
+    replica: str | None = None
 
     def __post_init__(self) -> None:
         if self.target is not None and not self.target.strip():
@@ -122,7 +126,11 @@ class LookaheadConfig:
         from lookahead_client.remote import RemoteDrafter
 
         return RemoteDrafter(
-            self.target, namespace=self.namespace, timeout=self.timeout, token=self.token
+            self.target,
+            namespace=self.namespace,
+            timeout=self.timeout,
+            token=self.token,
+            replica=self.replica,
         )
 
     # -- the environment-variable form ------------------------------------------------------

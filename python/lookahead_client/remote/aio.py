@@ -230,10 +230,11 @@ class AsyncRemoteDrafter(RemoteSettings):
         return {"documents": response.documents, "tokens": response.tokens}
 
     async def stats(self) -> dict[str, int | float]:
-        """The namespace's counters (all zero while the server has not created it)."""
+        """The namespace's counters (all zero while the server has not created it), and
+        this client's replica's own (``replica_*``, see ``replica``)."""
         request = pb.StatsRequest(namespace=self.namespace)
         response = await self._call("stats", "Stats", request, missing_ok=True)
-        return stats_dict(response if response is not None else pb.StatsResponse())
+        return stats_dict(response if response is not None else pb.StatsResponse(), self._replica)
 
     async def info(self) -> dict[str, Any]:
         """The server's version, limits and namespaces."""

@@ -88,9 +88,12 @@ class Ledger:
         namespace: str,
         step_id: int,
         cost: EngineCost | None = None,
+        *,
+        replica: str = "",
     ) -> RemoteStep:
-        """The plan of one step over ``requests`` (sized shapes cut against ``cost``)."""
-        return RemoteStep(self, requests, namespace, step_id, cost)
+        """The plan of one step over ``requests`` (sized shapes cut against ``cost``) from the
+        engine replica named ``replica``."""
+        return RemoteStep(self, requests, namespace, step_id, cost, replica=replica)
 
 
 # What an entry of a step message is (plain ints: this is the per-request hot path).
@@ -173,9 +176,12 @@ class RemoteStep:
         namespace: str,
         step_id: int,
         cost: EngineCost | None = None,
+        *,
+        replica: str = "",
     ) -> None:
         self._ledger = ledger
         self._cost = cost
+        self._replica = replica
         self._namespace = namespace
         self._step_id = step_id
         self._trees: list[DraftTree | None] = [None] * len(requests)
@@ -286,7 +292,9 @@ class RemoteStep:
 
     def _message(self, entries: list[_Entry]) -> pb.StepRequest:
         self._in_flight = entries
-        message = pb.StepRequest(namespace=self._namespace, step_id=self._step_id)
+        message = pb.StepRequest(
+            namespace=self._namespace, step_id=self._step_id, replica=self._replica
+        )
         cost = self._cost
         if cost is not None:
             try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -71,6 +72,11 @@ def fork_generation() -> int:
     return _fork_generation
 
 
+def _this_process() -> str:
+    """The default replica name: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def abandon(conn: object) -> None:
     """Keeps a parent's connection alive, unused, in a forked child."""
     if conn is not None:
@@ -97,6 +103,10 @@ class RemoteSettings:
             TLS or a local connection: a Unix socket or loopback TCP).
         tls: TLS settings (:class:`~lookahead_client.remote.security.TlsSettings`) for a
             server started with ``--tls-cert``; None: plaintext.
+        replica: the name of the engine replica this client drafts for, the same for its
+            whole life, so that the server can count the accepted draft tokens that came from
+            other replicas' text (``accepted_cross_replica`` in :meth:`stats`). None: this
+            host's name and process id.
     """
 
     #: The server's core cuts sized shapes against the engine's cost (see ``Drafter``).
@@ -114,6 +124,7 @@ class RemoteSettings:
         "max_backoff",
         "token",
         "tls",
+        "replica",
     )
 
     def __init__(
@@ -130,6 +141,7 @@ class RemoteSettings:
         max_backoff: float = 2.0,
         token: str | None = None,
         tls: TlsSettings | None = None,
+        replica: str | None = None,
     ) -> None:
         for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if not value > 0:
@@ -145,6 +157,7 @@ class RemoteSettings:
         self.max_backoff = max_backoff
         self.token = token
         self.tls = tls
+        self.replica = replica
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -152,6 +165,7 @@ class RemoteSettings:
         self._step_ids = itertools.count(1)
         self._availability = self._new_availability()
         self._generation = _fork_generation
+        self._replica = self.replica if self.replica is not None else _this_process()
 
     def _new_availability(self) -> Availability:
         return Availability(self.target, min_backoff=self.min_backoff, max_backoff=self.max_backoff)
@@ -162,10 +176,14 @@ class RemoteSettings:
             return False
         self._generation = _fork_generation
         self._availability = self._new_availability()
+        if self.replica is None:
+            self._replica = _this_process()
         return True
 
     def _plan(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> RemoteStep:
-        return self._ledger.plan(requests, self.namespace, next(self._step_ids), cost)
+        return self._ledger.plan(
+            requests, self.namespace, next(self._step_ids), cost, replica=self._replica
+        )
 
     def _step_timeout(self, fresh_channel: bool) -> float:
         """The step deadline: the first call of a channel also connects, and gets
@@ -408,10 +426,11 @@ class RemoteDrafter(RemoteSettings):
         return {"documents": response.documents, "tokens": response.tokens}
 
     def stats(self) -> dict[str, int | float]:
-        """The namespace's counters (all zero while the server has not created it)."""
+        """The namespace's counters (all zero while the server has not created it), and
+        this client's replica's own (``replica_*``, see ``replica``)."""
         request = pb.StatsRequest(namespace=self.namespace)
         response = self._call("stats", "Stats", request, missing_ok=True)
-        return stats_dict(response if response is not None else pb.StatsResponse())
+        return stats_dict(response if response is not None else pb.StatsResponse(), self._replica)
 
     def info(self) -> dict[str, Any]:
         """The server's version, limits and namespaces."""

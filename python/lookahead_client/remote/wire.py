@@ -213,13 +213,20 @@ def response_columns(
     return roots, sizes, tokens, parents, scores
 
 
-def stats_dict(response: pb.StatsResponse) -> dict[str, int | float]:
-    """A StatsResponse as the ``stats()`` dict of a drafter."""
-    return {
+def stats_dict(response: pb.StatsResponse, replica: str) -> dict[str, int | float]:
+    """A StatsResponse as the ``stats()`` dict of a drafter whose engine replica is named
+    ``replica``: the namespace's counters, and that replica's own (``replica_*``: what its
+    engine accepted, and of that what other replicas' text gave; zero when the server does
+    not tell it apart, see ``StatsResponse.replicas``)."""
+    out: dict[str, int | float] = {
         f.name: getattr(response, f.name)
         for f in response.DESCRIPTOR.fields
-        if f.name != "namespace"
+        if f.name not in ("namespace", "replicas")
     }
+    mine = next((r for r in response.replicas if r.replica == replica), pb.ReplicaStats())
+    out["replica_accepted_reported"] = mine.accepted_reported
+    out["replica_accepted_cross_replica"] = mine.accepted_cross_replica
+    return out
 
 
 def ingest_messages(

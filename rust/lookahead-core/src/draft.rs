@@ -12,6 +12,7 @@ use std::collections::BinaryHeap;
 use crate::calibration::{Calibration, Evidence, GlobalEvidence, LocalEvidence, SiblingEvidence};
 use crate::group::GroupSource;
 use crate::group_index::{GroupMatch, SiblingContinuation};
+use crate::provenance::Origin;
 use crate::realise::{self, Source};
 use crate::suffix_automaton::{Continuation, LocalMatch, SuffixAutomaton};
 use crate::tree::DraftTree;
@@ -56,6 +57,8 @@ pub(crate) struct DraftSources<'a> {
     pub context_counted: bool,
     /// The outputs of the request's group, when it has other members.
     pub group: Option<GroupSource<'a>>,
+    /// The replica the request came from (see [`crate::provenance`]).
+    pub origin: Origin,
 }
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.
@@ -66,6 +69,8 @@ pub(crate) struct Draft {
     pub growth_parents: Vec<i32>,
     /// Per growth node: its realisation cell.
     pub growth_realised: Vec<u16>,
+    /// Per growth node: drafted from another replica's text only.
+    pub growth_foreign: Vec<bool>,
     pub considered: Vec<Considered>,
 }
 
@@ -80,6 +85,8 @@ struct GrowthNode {
     anchor: Option<u32>,
     /// Range of this node's context nodes in the shared arena.
     context: std::ops::Range<usize>,
+    /// Drafted from another replica's text only ([`crate::provenance`]).
+    foreign: bool,
 }
 
 struct Candidate {
@@ -87,6 +94,8 @@ struct Candidate {
     seq: u32,
     parent: i32,
     token: Token,
+    /// The request's own text predicted it (a continuation of its history, or its anchor).
+    own: bool,
 }
 
 impl PartialEq for Candidate {
@@ -225,10 +234,14 @@ impl Builder<'_> {
             // the last node is never expanded: its context would be wasted lookups
             let expanded = self.nodes.len() + 1 < self.params.budget;
             let context = if expanded {
-                self.extend_context(parent_ctx, c.token)
+                self.extend_context(parent_ctx.clone(), c.token)
             } else {
                 0..0
             };
+            let foreign = !c.own
+                && self
+                    .longest_ngram(parent_ctx, &context, c.token)
+                    .is_some_and(|n| self.src.origin.foreign(self.src.trie.writers(n)));
             self.nodes.push(GrowthNode {
                 token: c.token,
                 parent: c.parent,
@@ -238,6 +251,7 @@ impl Builder<'_> {
                 group,
                 anchor,
                 context: context.clone(),
+                foreign,
             });
             if expanded {
                 self.expand(id, c.score, local, group, anchor, context);
@@ -271,6 +285,24 @@ impl Builder<'_> {
             self.contexts.push((unigram, 1));
         }
         start..self.contexts.len()
+    }
+
+    /// The trie node of the longest n-gram ending in a node's `token`: the first of its own
+    /// context nodes, or, for a node not expanded, looked up from its parent's.
+    fn longest_ngram(
+        &self,
+        parent: std::ops::Range<usize>,
+        own: &std::ops::Range<usize>,
+        token: Token,
+    ) -> Option<u32> {
+        if !own.is_empty() {
+            return Some(self.contexts[own.start].0);
+        }
+        let trie = self.src.trie;
+        parent
+            .filter(|&i| (self.contexts[i].1 as usize) < trie.max_depth())
+            .find_map(|i| trie.child(self.contexts[i].0, token))
+            .or_else(|| trie.child(ROOT, token))
     }
 
     /// Occurrences of a context n-gram of node `id` that had a chance to be continued.
@@ -421,11 +453,13 @@ impl Builder<'_> {
                 token: c.token,
                 keys: c.keys,
             });
+            let own = c.evidence.local.is_some_and(|l| l.occ > 0 || l.anchored);
             self.heap.push(Candidate {
                 score: score * c.p,
                 seq: self.seq,
                 parent: id,
                 token: c.token,
+                own,
             });
             self.seq += 1;
         }
@@ -485,6 +519,7 @@ impl Builder<'_> {
             growth_tokens: self.nodes.iter().map(|n| n.token).collect(),
             growth_parents: self.nodes.iter().map(|n| n.parent).collect(),
             growth_realised: realised,
+            growth_foreign: self.nodes.iter().map(|n| n.foreign).collect(),
             considered: self.considered,
         }
     }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::Token;
+use crate::provenance::Origin;
 use crate::request::TrieCursor;
 use crate::snapshot::{Reader, SnapshotError, Writer};
 use crate::trie::NgramTrie;
@@ -77,9 +78,13 @@ impl RemoteTexts {
         let base = entry.next - entry.window.len(); // text position of window[0]
         entry.window.extend_from_slice(tokens);
         let end = entry.window.len();
-        entry
-            .cursor
-            .insert(trie, &entry.window, end, shared_from.saturating_sub(base));
+        entry.cursor.insert(
+            trie,
+            &entry.window,
+            end,
+            shared_from.saturating_sub(base),
+            Origin::OTHERS,
+        );
         entry.next += tokens.len();
         let done = entry.window.len().saturating_sub(self.max_depth);
         entry.window.drain(..done);
@@ -194,7 +199,7 @@ mod tests {
     fn parts_insert_what_the_whole_text_does() {
         let text: Vec<Token> = (0..40).map(|i| i % 7 + 1).collect();
         let mut whole = NgramTrie::new(6, 1 << 16);
-        TrieCursor::new(6).insert(&mut whole, &text, text.len(), 20);
+        TrieCursor::new(6).insert(&mut whole, &text, text.len(), 20, Origin::OTHERS);
         let mut parts = NgramTrie::new(6, 1 << 16);
         let mut remote = RemoteTexts::new(4, 6);
         let mut at = 0;
@@ -233,7 +238,7 @@ mod tests {
     fn a_decoded_table_goes_on_where_the_encoded_one_stood() {
         let text: Vec<Token> = (0..30).map(|i| i % 5 + 1).collect();
         let (mut whole, mut parts) = (NgramTrie::new(4, 1 << 12), NgramTrie::new(4, 1 << 12));
-        TrieCursor::new(4).insert(&mut whole, &text, text.len(), usize::MAX);
+        TrieCursor::new(4).insert(&mut whole, &text, text.len(), usize::MAX, Origin::OTHERS);
         let mut remote = RemoteTexts::new(8, 4);
         remote.insert(&mut parts, 5, 0, &text[..13], usize::MAX);
         remote.insert(&mut NgramTrie::new(4, 1 << 12), 6, 0, &[7, 7], usize::MAX);

@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 use crate::anchor::Anchor;
 use crate::calibration::Calibration;
 use crate::group::Group;
+use crate::provenance::Origin;
 use crate::suffix_automaton::SuffixAutomaton;
 use crate::trie::{NgramTrie, ROOT};
 use crate::types::Considered;
@@ -31,7 +32,29 @@ pub(crate) struct LastDraft {
     pub tree_parents: Vec<i32>,
     /// Per tree node: its realisation cell.
     pub tree_realised: Vec<u16>,
+    /// Per tree node: drafted from another replica's text only ([`crate::provenance`]).
+    pub tree_foreign: Vec<bool>,
     pub considered: Vec<Considered>,
+}
+
+impl LastDraft {
+    /// How many of `accepted` (the draft tokens an engine accepted, in order) are nodes
+    /// drafted from another replica's text; 0 unless the draft was made at `text_len`.
+    pub fn foreign_accepted(&self, text_len: usize, accepted: &[Token]) -> u64 {
+        if self.text_len != text_len {
+            return 0;
+        }
+        let mut parent = -1;
+        let mut foreign = 0;
+        for &token in accepted {
+            let node = (0..self.tree_tokens.len())
+                .find(|&i| self.tree_parents[i] == parent && self.tree_tokens[i] == token);
+            let Some(node) = node else { break };
+            foreign += u64::from(self.tree_foreign[node]);
+            parent = node as i32;
+        }
+        foreign
+    }
 }
 
 /// One active request: its own index, its place in the shared trie, its last draft.
@@ -56,6 +79,8 @@ pub(crate) struct RequestState {
     pub anchor: Anchor,
     /// Where the request's text stands in the shared trie.
     pub cursor: TrieCursor,
+    /// The replica that started the request: the writer of its text in the trie.
+    pub origin: Origin,
     /// Whether the request sits in the drafter's queue of pending inserts.
     pub queued: bool,
     /// Tokens of its own text recorded for the cluster as running parts so far; `None` once
@@ -94,6 +119,7 @@ impl RequestState {
             member,
             anchor: Anchor::default(),
             cursor: TrieCursor::starting_at(max_depth, prefix_len),
+            origin: Origin::default(),
             queued: false,
             streamed: Some(0),
             accounted_bytes: 0,
@@ -108,6 +134,7 @@ impl RequestState {
             + self.cursor.suffix_nodes.capacity() * 4
             + self.last_draft.tree_tokens.capacity() * 8
             + self.last_draft.tree_realised.capacity() * 2
+            + self.last_draft.tree_foreign.capacity()
             + self.last_draft.considered.capacity() * size_of::<Considered>()
     }
 
@@ -184,12 +211,19 @@ impl TrieCursor {
         self.inserted -= tokens;
     }
 
-    /// Inserts `text[self.inserted()..end]` into the trie (under its write lock); `text` is the
-    /// whole text, of which earlier calls inserted a prefix. Orders of 4 and more get a node
-    /// once their prefix has occurred before; n-grams ending at or after `shared_from` (the
-    /// output of a prompt sampled more than once) get one at once up to order
-    /// [`SHARED_OUTPUT_ORDERS`].
-    pub fn insert(&mut self, trie: &mut NgramTrie, text: &[Token], end: usize, shared_from: usize) {
+    /// Inserts `text[self.inserted()..end]`, written by `origin`, into the trie (under its write
+    /// lock); `text` is the whole text, of which earlier calls inserted a prefix. Orders of 4
+    /// and more get a node once their prefix has occurred before; n-grams ending at or after
+    /// `shared_from` (the output of a prompt sampled more than once) get one at once up to
+    /// order [`SHARED_OUTPUT_ORDERS`].
+    pub fn insert(
+        &mut self,
+        trie: &mut NgramTrie,
+        text: &[Token],
+        end: usize,
+        shared_from: usize,
+        origin: Origin,
+    ) {
         let max_depth = trie.max_depth();
         while self.inserted < end {
             // Reserve first so that no eviction happens while the suffix nodes are in use.
@@ -205,7 +239,7 @@ impl TrieCursor {
                 let shared = k < SHARED_OUTPUT_ORDERS && self.inserted >= shared_from;
                 let kept = parent != NO_NODE && (k < 3 || shared || trie.count(parent) >= 2);
                 self.suffix_nodes[k + 1] = if kept {
-                    trie.record(parent, token)
+                    trie.record(parent, token, origin)
                 } else {
                     NO_NODE
                 };

@@ -18,6 +18,7 @@ use hashbrown::HashTable;
 
 use crate::Token;
 use crate::hashing::pair_hash;
+use crate::provenance::Origin;
 use crate::snapshot::{Reader, SnapshotError, Writer};
 
 /// Node id of the root.
@@ -27,10 +28,13 @@ const NONE: u32 = u32::MAX;
 const FREE: Token = u32::MAX;
 /// How many most frequent children each node remembers.
 pub(crate) const TOP_CHILDREN: usize = 3;
-const HEAT_BITS: u32 = 8;
+const HEAT_BITS: u32 = 3;
 const HEAT_MASK: u32 = (1 << HEAT_BITS) - 1;
 const MAX_HEAT: u32 = 6;
-const MAX_CHILDREN: u32 = u32::MAX >> HEAT_BITS;
+const WRITERS_MASK: u32 = ((1 << Origin::BITS) - 1) << HEAT_BITS;
+const CHILDREN_SHIFT: u32 = 8;
+const MAX_CHILDREN: u32 = u32::MAX >> CHILDREN_SHIFT;
+const _: () = assert!(MAX_HEAT <= HEAT_MASK && HEAT_BITS + Origin::BITS <= CHILDREN_SHIFT);
 /// Tokens below this have their unigram node in a dense table (4 bytes a token, grown to the
 /// largest token seen: 1 MiB at most); the root's children are looked up at every level of
 /// every draft, and a table read costs one cache miss where a hash probe costs three.
@@ -42,22 +46,30 @@ struct Node {
     count: u32,
     parent: u32,
     top: [u32; TOP_CHILDREN],
-    /// Live children (high 24 bits) and CLOCK heat (low 8 bits).
-    children_heat: u32,
+    /// Live children (high 24 bits), the writers of the n-gram ([`Origin`] bits, then 5
+    /// bits) and CLOCK heat (low 3 bits).
+    packed: u32,
 }
 
 impl Node {
     fn children(&self) -> u32 {
-        self.children_heat >> HEAT_BITS
+        self.packed >> CHILDREN_SHIFT
     }
     fn heat(&self) -> u32 {
-        self.children_heat & HEAT_MASK
+        self.packed & HEAT_MASK
+    }
+    fn writers(&self) -> u8 {
+        ((self.packed & WRITERS_MASK) >> HEAT_BITS) as u8
     }
     fn set_children(&mut self, c: u32) {
-        self.children_heat = (c.min(MAX_CHILDREN) << HEAT_BITS) | self.heat();
+        self.packed =
+            (c.min(MAX_CHILDREN) << CHILDREN_SHIFT) | (self.packed & !(u32::MAX << CHILDREN_SHIFT));
     }
     fn set_heat(&mut self, h: u32) {
-        self.children_heat = (self.children_heat & !HEAT_MASK) | h.min(HEAT_MASK);
+        self.packed = (self.packed & !HEAT_MASK) | h.min(HEAT_MASK);
+    }
+    fn add_writer(&mut self, origin: Origin) {
+        self.packed |= u32::from(origin.bits()) << HEAT_BITS;
     }
 }
 
@@ -104,7 +116,7 @@ impl NgramTrie {
             count: 0,
             parent: NONE,
             top: [NONE; TOP_CHILDREN],
-            children_heat: 0,
+            packed: 0,
         };
         Self {
             nodes: vec![root],
@@ -250,6 +262,11 @@ impl NgramTrie {
         self.nodes[node as usize].count
     }
 
+    /// The writers of the n-gram of `node`, as [`Origin`] bits.
+    pub fn writers(&self, node: u32) -> u8 {
+        self.nodes[node as usize].writers()
+    }
+
     /// Whether `node` has live children.
     pub fn has_children(&self, node: u32) -> bool {
         let n = &self.nodes[node as usize];
@@ -289,15 +306,17 @@ impl NgramTrie {
         true
     }
 
-    /// Records one occurrence of the n-gram `node`+`token` and returns its node. `node` must be
-    /// live and shallower than `max_depth`; call [`Self::reserve`] first, as this never evicts.
-    pub fn record(&mut self, node: u32, token: Token) -> u32 {
+    /// Records one occurrence of the n-gram `node`+`token`, written by `origin`, and returns
+    /// its node. `node` must be live and shallower than `max_depth`; call [`Self::reserve`]
+    /// first, as this never evicts.
+    pub fn record(&mut self, node: u32, token: Token, origin: Origin) -> u32 {
         let id = match self.child(node, token) {
             Some(id) => id,
             None => self.create(node, token),
         };
         let n = &mut self.nodes[id as usize];
         n.count = n.count.saturating_add(1);
+        n.add_writer(origin);
         let heat = heat_for(n.count);
         if n.heat() < heat {
             n.set_heat(heat);
@@ -328,7 +347,7 @@ impl NgramTrie {
             count: 0,
             parent,
             top: [NONE; TOP_CHILDREN],
-            children_heat: 0,
+            packed: 0,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -419,7 +438,7 @@ impl NgramTrie {
             w.u32(n.count);
             w.u32(n.parent);
             n.top.iter().for_each(|&c| w.u32(c));
-            w.u32(n.children_heat & HEAT_MASK);
+            w.u32(n.heat()); // writers are not kept: see crate::provenance
         }
     }
 
@@ -451,7 +470,7 @@ impl NgramTrie {
                 count,
                 parent,
                 top,
-                children_heat: heat,
+                packed: heat,
             });
         }
         let corrupt = SnapshotError::Corrupt;
@@ -580,7 +599,7 @@ mod tests {
             trie.reserve(d, text[end - 1]);
             for s in start..end {
                 if let Some(parent) = trie.walk(ROOT, &text[s..end - 1]) {
-                    trie.record(parent, text[end - 1]);
+                    trie.record(parent, text[end - 1], Origin::UNNAMED);
                 }
             }
         }

@@ -4,8 +4,8 @@
 
 use lookahead_core::slots::{self, Placed, SlotTree};
 use lookahead_core::{
-    ConfigError, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, ErrorKind, StepColumns,
-    StepCost, StepItem, Token,
+    ConfigError, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, ErrorKind, Origin,
+    StepColumns, StepCost, StepItem, Token,
 };
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
@@ -315,6 +315,7 @@ impl NativeDrafter {
                     shape: o.shape,
                     temperature: o.temperature,
                     offset: o.offset,
+                    origin: Origin::default(), // one process, one replica
                 })
                 .collect();
             self.inner.step_drafted(&items, cost.as_ref())
@@ -349,6 +350,10 @@ impl NativeDrafter {
         d.set_item("draft_nodes", s.draft_nodes)?;
         d.set_item("accepted_reported", s.accepted_reported)?;
         d.set_item("steps_reported", s.steps_reported)?;
+        d.set_item("accepted_cross_replica", s.accepted_cross_replica)?;
+        // one process, one replica: its own counts are the drafter's
+        d.set_item("replica_accepted_reported", s.accepted_reported)?;
+        d.set_item("replica_accepted_cross_replica", s.accepted_cross_replica)?;
         d.set_item("sized_away", s.sized_away)?;
         d.set_item("active_groups", s.active_groups)?;
         d.set_item("group_bytes", s.group_bytes)?;

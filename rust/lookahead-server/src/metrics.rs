@@ -445,7 +445,7 @@ pub struct DrafterCollector(pub Arc<dyn DrafterStatsSource>);
 /// read from [`Stats`].
 type StatSeries = (&'static str, &'static str, MetricType, fn(&Stats) -> u64);
 
-const DRAFTER_SERIES: [StatSeries; 12] = [
+const DRAFTER_SERIES: [StatSeries; 13] = [
     (
         "lookahead_active_requests",
         "Requests started and not ended.",
@@ -517,6 +517,12 @@ const DRAFTER_SERIES: [StatSeries; 12] = [
         "Accepted counts reported by engines.",
         MetricType::Counter,
         |s| s.steps_reported,
+    ),
+    (
+        "lookahead_accepted_cross_replica_tokens",
+        "Accepted draft tokens drafted from text only other replicas had written (a lower bound).",
+        MetricType::Counter,
+        |s| s.accepted_cross_replica,
     ),
 ];
 

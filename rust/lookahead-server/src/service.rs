@@ -14,8 +14,8 @@ use crate::metrics::ServerMetrics;
 use crate::namespaces::{NamespaceError, Namespaces};
 use crate::pb::lookahead_server::Lookahead;
 use crate::pb::{
-    InfoRequest, InfoResponse, IngestRequest, IngestResponse, StatsRequest, StatsResponse,
-    StepRequest, StepResponse,
+    InfoRequest, InfoResponse, IngestRequest, IngestResponse, ReplicaStats, StatsRequest,
+    StatsResponse, StepRequest, StepResponse,
 };
 use crate::status::field_status;
 use crate::step::{Refusal, StepLimits, run_step};
@@ -306,6 +306,16 @@ impl Lookahead for LookaheadService {
             active_groups: n(s.active_groups),
             group_bytes: n(s.group_bytes),
             sized_away: s.sized_away,
+            accepted_cross_replica: s.accepted_cross_replica,
+            replicas: s
+                .replicas
+                .into_iter()
+                .map(|r| ReplicaStats {
+                    replica: r.replica,
+                    accepted_reported: r.accepted_reported,
+                    accepted_cross_replica: r.accepted_cross_replica,
+                })
+                .collect(),
         }))
     }
 

@@ -85,6 +85,9 @@ struct Checked<'a> {
     offset: Option<usize>,
 }
 
+/// The longest `StepRequest.replica` accepted, in bytes.
+const MAX_REPLICA_NAME_BYTES: usize = 128;
+
 /// Runs one step against `namespaces`.
 pub fn run_step(
     namespaces: &Namespaces,
@@ -136,6 +139,17 @@ fn run_checked_step(
     }
 
     let cost = request.cost.as_ref().map(step_cost).transpose()?;
+    if request.replica.len() > MAX_REPLICA_NAME_BYTES {
+        return Err(Refusal {
+            code: tonic::Code::InvalidArgument,
+            field: "replica",
+            message: format!(
+                "replica: {} bytes, at most {MAX_REPLICA_NAME_BYTES}",
+                request.replica.len()
+            ),
+        });
+    }
+    let origin = namespace.drafter().origin_of(&request.replica);
 
     let mut results: Vec<Option<Result<Drafted, RequestError>>> = vec![None; n];
     let mut tokens: Vec<u32> = Vec::new();
@@ -177,6 +191,7 @@ fn run_checked_step(
             shape: c.shape,
             temperature: c.temperature,
             offset: c.offset,
+            origin,
         })
         .collect();
     let outcomes = namespace.step(&items, cost.as_ref());
@@ -406,6 +421,7 @@ mod tests {
             step_id: 9,
             requests,
             cost: None,
+            replica: String::new(),
         }
     }
 

@@ -92,6 +92,7 @@ async fn steps_errors_health_and_shutdown() {
     let response = client
         .step(StepRequest {
             cost: None,
+            replica: String::new(),
             namespace: "t".into(),
             step_id: 1,
             requests: vec![
@@ -115,6 +116,7 @@ async fn steps_errors_health_and_shutdown() {
     let status = client
         .step(StepRequest {
             cost: None,
+            replica: String::new(),
             namespace: "bad name".into(),
             ..StepRequest::default()
         })
@@ -141,6 +143,7 @@ async fn steps_errors_health_and_shutdown() {
     // A message above the limit is refused, and the server keeps serving.
     let big = StepRequest {
         cost: None,
+        replica: String::new(),
         namespace: "t".into(),
         step_id: 2,
         requests: vec![request("big", Some(vec![100_000; 40_000]), vec![], 0)],
@@ -165,6 +168,7 @@ async fn steps_errors_health_and_shutdown() {
         .into_inner();
     tx.send(StepRequest {
         cost: None,
+        replica: String::new(),
         namespace: "t".into(),
         step_id: 10,
         requests: vec![request("a", None, vec![3], 4)],
@@ -176,6 +180,7 @@ async fn steps_errors_health_and_shutdown() {
     assert_eq!(first.roots, vec![3]);
     tx.send(StepRequest {
         cost: None,
+        replica: String::new(),
         namespace: "bad name".into(),
         step_id: 11,
         requests: vec![],

@@ -30,7 +30,7 @@ impl Drafter {
         match text {
             LearnedText::Document(tokens) => {
                 self.check_tokens("tokens", tokens)?;
-                self.insert_text(tokens, 0, usize::MAX);
+                self.insert_text(tokens, 0, usize::MAX, Origin::NOBODY);
             }
             LearnedText::Request {
                 prompt,
@@ -48,7 +48,8 @@ impl Drafter {
                     self.groups.lock().contains_key(&key) || self.siblings.lock().contains(key);
                 let text: Vec<Token> = prompt.iter().chain(output).copied().collect();
                 let from = (*streamed).min(text.len());
-                self.insert_text(&text, from, if shared { prompt.len() } else { usize::MAX });
+                let shared_from = if shared { prompt.len() } else { usize::MAX };
+                self.insert_text(&text, from, shared_from, Origin::OTHERS);
                 if *finished {
                     self.siblings.lock().record(key, output.as_slice().into());
                 }

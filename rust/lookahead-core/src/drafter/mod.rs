@@ -26,6 +26,7 @@ use crate::config::{ConfigError, DrafterConfig};
 use crate::draft::{DraftParams, DraftSources, build};
 use crate::error::DraftError;
 use crate::group::{Group, member_key};
+use crate::provenance::{Origin, ReplicaStats, Replicas};
 use crate::realise::temperature_band;
 use crate::remote_text::RemoteTexts;
 use crate::request::{LastDraft, RequestState, TrieCursor};
@@ -81,6 +82,9 @@ pub struct StepItem<'a> {
     /// The group the request belongs to, read when it starts (with `prompt`). `None` or empty:
     /// the requests with the same prompt. At most [`MAX_GROUP_NAME_BYTES`] bytes.
     pub group: Option<&'a str>,
+    /// The engine replica sending the step ([`Drafter::origin_of`] its name), read when the
+    /// request starts: the writer of its text, and whose text its drafts are told apart from.
+    pub origin: Origin,
 }
 
 /// The shape of a request's draft.
@@ -145,6 +149,11 @@ pub struct Stats {
     pub accepted_reported: u64,
     /// Number of accepted counts engines reported.
     pub steps_reported: u64,
+    /// Of `accepted_reported`, draft tokens drafted from text only other replicas had written
+    /// (a lower bound: see [`crate::provenance`]).
+    pub accepted_cross_replica: u64,
+    /// The same two counts per named replica (see [`crate::provenance`]).
+    pub replicas: Vec<ReplicaStats>,
     /// Draft nodes built for sized drafts and cut because they did not pay.
     pub sized_away: u64,
     /// Groups with an active request.
@@ -185,6 +194,8 @@ pub struct Drafter {
     outboxes: Outboxes,
     /// Where other drafters' running requests stand in the trie (their running parts).
     remote: Mutex<RemoteTexts>,
+    /// The replica names steps came with (see [`crate::provenance`]).
+    replicas: Replicas,
     counters: Counters,
 }
 
@@ -215,6 +226,7 @@ impl Drafter {
             groups: Mutex::new(HashMap::new()),
             outboxes: Outboxes::new(Self::outbox_tokens(&config)),
             remote: Mutex::new(RemoteTexts::new(remote_entries.max(16), config.max_ngram)),
+            replicas: Replicas::default(),
             counters: Counters::default(),
             calibration,
             config,
@@ -226,6 +238,12 @@ impl Drafter {
     /// The configuration in force.
     pub fn config(&self) -> &DrafterConfig {
         &self.config
+    }
+
+    /// The origin of the engine replica named `replica` (any stable name; empty: unnamed),
+    /// for [`StepItem::origin`].
+    pub fn origin_of(&self, replica: &str) -> Origin {
+        self.replicas.origin_of(replica)
     }
 
     /// Starts a request with its prompt.
@@ -315,7 +333,7 @@ impl Drafter {
     /// Bulk-loads a finished text (a past output, a document) into the shared trie.
     pub fn ingest(&self, tokens: &[Token]) -> Result<(), DraftError> {
         self.check_tokens("tokens", tokens)?;
-        self.insert_text(tokens, 0, usize::MAX);
+        self.insert_text(tokens, 0, usize::MAX, Origin::NOBODY);
         if self.config.record_for_cluster {
             self.outboxes
                 .learned(LearnedText::Document(tokens.to_vec()), tokens.len());
@@ -323,16 +341,16 @@ impl Drafter {
         Ok(())
     }
 
-    /// Inserts a text from position `from` (what comes before is its context) into the
-    /// shared trie (see [`TrieCursor::insert`] for `shared_from`), in chunks, so that drafts
-    /// of other requests get the trie between them.
-    fn insert_text(&self, text: &[Token], from: usize, shared_from: usize) {
+    /// Inserts a text from position `from` (what comes before is its context), written by
+    /// `origin`, into the shared trie (see [`TrieCursor::insert`] for `shared_from`), in
+    /// chunks, so that drafts of other requests get the trie between them.
+    fn insert_text(&self, text: &[Token], from: usize, shared_from: usize, origin: Origin) {
         let mut cursor = TrieCursor::starting_at(self.config.max_ngram, from);
         while cursor.inserted() < text.len() {
             let end = (cursor.inserted() + INGEST_CHUNK).min(text.len());
             let mut trie = self.trie.write();
             self.refresh_node_limit(&mut trie);
-            cursor.insert(&mut trie, text, end, shared_from);
+            cursor.insert(&mut trie, text, end, shared_from, origin);
         }
         self.counters
             .tokens_ingested
@@ -352,8 +370,19 @@ impl Drafter {
             state.queued = false;
             let pending = state.pending() as u64;
             let shared_from = self.output_start_if_shared(&state);
-            let RequestState { sam, cursor, .. } = &mut *state;
-            cursor.insert(&mut trie, sam.text(), sam.text().len(), shared_from);
+            let RequestState {
+                sam,
+                cursor,
+                origin,
+                ..
+            } = &mut *state;
+            cursor.insert(
+                &mut trie,
+                sam.text(),
+                sam.text().len(),
+                shared_from,
+                *origin,
+            );
             self.counters
                 .tokens_ingested
                 .fetch_add(pending, Ordering::Relaxed);
@@ -381,6 +410,8 @@ impl Drafter {
             draft_nodes: c.draft_nodes.load(Ordering::Relaxed),
             accepted_reported: c.accepted_reported.load(Ordering::Relaxed),
             steps_reported: c.steps_reported.load(Ordering::Relaxed),
+            accepted_cross_replica: self.replicas.cross_total(),
+            replicas: self.replicas.stats(),
             sized_away: c.sized_away.load(Ordering::Relaxed),
             active_groups: self.groups.lock().len(),
             group_bytes: self.memory.groups(),

@@ -118,6 +118,12 @@ impl Drafter {
                     .accepted_reported
                     .fetch_add(u64::from(accepted), Ordering::Relaxed);
                 self.counters.steps_reported.fetch_add(1, Ordering::Relaxed);
+                let accepted = &new_tokens[..new_tokens.len().min(accepted as usize)];
+                let foreign = state
+                    .last_draft
+                    .foreign_accepted(state.sam.text().len(), accepted);
+                self.replicas
+                    .accepted(state.origin, u64::from(accepted.len() as u32), foreign);
             }
             state.last_used = Instant::now();
             // where the new tokens start in the request's output
@@ -284,6 +290,7 @@ impl Drafter {
         state.id = request_id.to_owned();
         state.group_key = key;
         state.group_name = name.map(str::to_owned);
+        state.origin = item.origin;
         let mut requests = self.requests.lock();
         if requests.contains_key(request_id) {
             drop(requests);

@@ -131,6 +131,7 @@ impl Drafter {
             anchor: state.anchor.position(state.sam.text().len()),
             context_counted: state.fully_inserted(),
             group: group.draft_source(state.member),
+            origin: state.origin,
         };
         let params = DraftParams {
             budget: item.budget,
@@ -154,6 +155,7 @@ impl Drafter {
             tree_tokens: draft.growth_tokens,
             tree_parents: draft.growth_parents,
             tree_realised: draft.growth_realised,
+            tree_foreign: draft.growth_foreign,
             considered: draft.considered,
         };
         draft.tree

@@ -38,16 +38,18 @@ class TokenList(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("namespace", "step_id", "requests", "cost")
+    __slots__ = ("namespace", "step_id", "requests", "cost", "replica")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     step_id: int
     requests: _containers.RepeatedCompositeFieldContainer[RequestStep]
     cost: EngineCost
-    def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ..., cost: _Optional[_Union[EngineCost, _Mapping]] = ...) -> None: ...
+    replica: str
+    def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ..., cost: _Optional[_Union[EngineCost, _Mapping]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class EngineCost(_message.Message):
     __slots__ = ("tokens", "seconds", "padded", "base_tokens", "explore_every")
@@ -148,7 +150,7 @@ class StatsRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node", "active_groups", "group_bytes", "sized_away")
+    __slots__ = ("namespace", "active_requests", "trie_nodes", "memory_bytes", "memory_budget_bytes", "evicted_nodes", "tokens_ingested", "drafts", "draft_nodes", "accepted_reported", "steps_reported", "trie_bytes_per_node", "active_groups", "group_bytes", "sized_away", "accepted_cross_replica", "replicas")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TRIE_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +166,8 @@ class StatsResponse(_message.Message):
     ACTIVE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
     SIZED_AWAY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CROSS_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     active_requests: int
     trie_nodes: int
@@ -179,7 +183,19 @@ class StatsResponse(_message.Message):
     active_groups: int
     group_bytes: int
     sized_away: int
-    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ..., active_groups: _Optional[int] = ..., group_bytes: _Optional[int] = ..., sized_away: _Optional[int] = ...) -> None: ...
+    accepted_cross_replica: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
+    def __init__(self, namespace: _Optional[str] = ..., active_requests: _Optional[int] = ..., trie_nodes: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., evicted_nodes: _Optional[int] = ..., tokens_ingested: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_nodes: _Optional[int] = ..., accepted_reported: _Optional[int] = ..., steps_reported: _Optional[int] = ..., trie_bytes_per_node: _Optional[float] = ..., active_groups: _Optional[int] = ..., group_bytes: _Optional[int] = ..., sized_away: _Optional[int] = ..., accepted_cross_replica: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStats(_message.Message):
+    __slots__ = ("replica", "accepted_reported", "accepted_cross_replica")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CROSS_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    accepted_reported: int
+    accepted_cross_replica: int
+    def __init__(self, replica: _Optional[str] = ..., accepted_reported: _Optional[int] = ..., accepted_cross_replica: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
