@@ -340,3 +340,38 @@ def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
     assert got["name"] == "lookahead-server" and got["alive"] is True
     assert got["target"].startswith("unix://")
     assert not os.path.exists(got["target"].removeprefix("unix://"))  # closed after the trial
+
+
+def test_a_cluster_trial_gives_each_engine_its_own_live_sidecar(tmp_path):
+    # Two stand-in engines: each writes the server it was pointed at and whether it was up.
+    (tmp_path / "fake_trial.py").write_text(
+        "import json, os, sys\n"
+        "spec = json.load(open(sys.argv[2]))\n"
+        "target = os.environ['TARGET']\n"
+        "alive = os.path.exists(target.removeprefix('unix://'))\n"
+        "json.dump({'engine': spec['engine'], 'target': target, 'alive': alive},"
+        " open(spec['out'], 'w'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    trial = Trial(0, 0, "lookahead-cluster")
+    got = run_trial_processes(
+        "fake_trial",
+        trial,
+        {},
+        env,
+        str(tmp_path),
+        server_env=lambda t: {"TARGET": t},
+        cluster=True,
+        engines=2,
+    )
+    assert [g["engine"] for g in got] == [0, 1]
+    assert all(g["alive"] for g in got)
+    assert got[0]["target"] != got[1]["target"], "a sidecar each"
+
+
+def test_a_cluster_configuration_needs_several_engines(capsys):
+    from lookahead_client.bench.cli import main
+
+    args = ["vllm", "--workload", "w.jsonl", "--configs", "plain,lookahead-cluster"]
+    assert main(args) == 2
+    assert "--engines 2 or more" in capsys.readouterr().err

@@ -53,23 +53,33 @@ def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir
     assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
 
 
-def test_two_vllm_engines_draft_from_one_server(tmp_path: Path, model_dir: Path) -> None:
-    """Two real vLLM engines (replicas) at once on one ``lookahead-server``: every output is
-    plain decoding's, and a prompt repeated on the other engine is drafted from the first
-    engine's output (more tokens per step than on its first time; a private drafter never saw
-    it)."""
+SHARED = ("lookahead-server", "lookahead-cluster")
+
+
+def test_two_vllm_engines_draft_from_one_server_and_from_a_cluster(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Two real vLLM engines (replicas) at once on one ``lookahead-server``, and each on its
+    own sidecar with the sidecars joined through NATS: every output is plain decoding's, and a
+    prompt repeated on the other engine is drafted from the first engine's output (more tokens
+    per step than on its first time; a private drafter never saw it), which the drafters count
+    as accepted tokens from the other replica's text."""
     out = tmp_path / "bench.json"
-    done = run_bench(out, model_dir, "--configs", "lookahead-server", "--engines", "2")
+    done = run_bench(out, model_dir, "--configs", ",".join(SHARED), "--engines", "2")
     assert "each 2 fresh vLLM engines at once" in done.stderr
     table = json.loads(out.read_text())["table"]
     assert set(table) == {"code-edit/new", "code-edit/sibling", "code-edit/repeat"}
     for kind, count in (("new", 2), ("sibling", 2), ("repeat", 4)):
         row = table[f"code-edit/{kind}"]
-        assert row["lookahead-server"]["identical_batch1"] == count, kind
-        assert row["plain"]["identical_batch1"] == count, kind
-    per_step = {
-        kind: table[f"code-edit/{kind}"]["lookahead-server"]["per_step_batch1"]
-        for kind in ("new", "repeat")
-    }
-    assert per_step["repeat"]["tokens_per_step"] > per_step["new"]["tokens_per_step"], per_step
-    assert per_step["repeat"]["lookahead"]["steps"] > 0
+        for config in ("plain", *SHARED):
+            assert row[config]["identical_batch1"] == count, (kind, config)
+    for config in SHARED:
+        per_step = {
+            kind: table[f"code-edit/{kind}"][config]["per_step_batch1"]
+            for kind in ("new", "repeat")
+        }
+        new, repeat = per_step["new"], per_step["repeat"]
+        assert repeat["tokens_per_step"] > new["tokens_per_step"], (config, per_step)
+        look = repeat["lookahead"]
+        assert look["steps"] > 0, config
+        assert 0 < look["cross_replica_accepted"] <= look["replica_accepted"], (config, look)

