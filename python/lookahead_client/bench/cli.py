@@ -27,6 +27,7 @@ from .load import add_load_parser, run_load
 from .proposer import add_proposer_parser, run_proposer
 from .registry import DRAFTERS, DrafterOptions, DrafterSpec, UnknownDrafterError, get_spec
 from .replay import ADMISSION, SHARING, ReplayError, ReplayResult, ReplaySettings, replay
+from .replicas import add_replicas_parser, run_replicas
 from .report import check_plotting, format_header, format_row, plot_mat, result_row, write_json
 from .rounds import TrialError
 from .sglang_engine import add_sglang_parser, run_sglang
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     add_load_parser(sub)
     add_vllm_parser(sub)
+    add_replicas_parser(sub)
     add_sglang_parser(sub)
     add_proposer_parser(sub)
     return parser
@@ -346,9 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except InvalidArgumentError as exc:
             print(f"lookahead-bench proposer: error: {exc}", file=sys.stderr)
             return 2
-    if args.command in ("vllm", "sglang"):
+    engine_benches = {"vllm": run_vllm, "replicas": run_replicas, "sglang": run_sglang}
+    if args.command in engine_benches:
         try:
-            return (run_vllm if args.command == "vllm" else run_sglang)(args)
+            return engine_benches[args.command](args)
         except InvalidArgumentError as exc:
             print(f"lookahead-bench {args.command}: error: {exc}", file=sys.stderr)
             return 2

