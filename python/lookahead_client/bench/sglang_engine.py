@@ -344,6 +344,11 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         look["accepted_over_expected"] = per(
             total.get("lookahead_accepted_drafts", 0.0), total.get("lookahead_expected_drafts", 0.0)
         )
+        # the share of its accepted tokens the drafter gave from other replicas' text
+        look["cross_replica_share"] = per(
+            total.get("lookahead_cross_replica_accepted", 0.0),
+            total.get("lookahead_replica_accepted", 0.0),
+        )
         out["lookahead"] = look
     return out
 
@@ -355,6 +360,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("corpus ms", 9, cell("corpus_ms")),
     ("insert ms", 9, cell("insert_ms")),
     ("step ms", 7, cell("step_ms")),
+    ("x-rep", 5, cell("cross_replica_share", "lookahead")),
 )
 
 

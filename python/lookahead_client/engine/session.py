@@ -26,6 +26,7 @@ from typing import Any
 from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.warn_once import WarnOnce
+from lookahead_client.errors import LookaheadError
 from lookahead_client.types import DraftBatch, EngineCost
 
 __all__ = ["DraftSession", "Drafts"]
@@ -106,9 +107,21 @@ class DraftSession:
         if kind == "root":
             self.book.resync(rid)
 
+    def drafter_stats(self) -> dict[str, Any]:
+        """The drafter's own counters (a remote drafter asks its server); empty when it keeps
+        none or cannot be reached (logged once)."""
+        read = getattr(self.guard.drafter, "stats", None)  # a stand-in drafter may keep none
+        try:
+            return read() if callable(read) else {}
+        except LookaheadError as e:
+            self.warn("stats", "the drafter's counters are unavailable: %s", e)
+            return {}
+
     def stats(self) -> dict[str, Any]:
         """Counters of the loop: steps, the book's requests and calibration counts, problems
-        by kind, and the guard's own (deadlines, skips, fallbacks, proposer time)."""
+        by kind, the guard's own (deadlines, skips, fallbacks, proposer time), and the draft
+        tokens this engine accepted as its drafter counted them, with those drafted from
+        other replicas' text (``replica_accepted``, ``cross_replica_accepted``)."""
         book = self.book
         out: dict[str, Any] = {
             "steps": self.steps,
@@ -119,6 +132,9 @@ class DraftSession:
             "disabled_requests": book.disabled,
             "owed_ends": book.owed_ends,
         }
+        drafter = self.drafter_stats()
+        out["replica_accepted"] = drafter.get("replica_accepted_reported")
+        out["cross_replica_accepted"] = drafter.get("replica_accepted_cross_replica")
         for kind, count in self.warn.counts.items():
             out[f"problems_{kind}"] = count
         out.update(self.guard.stats())

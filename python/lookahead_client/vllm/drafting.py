@@ -25,7 +25,6 @@ from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.engine.session import DraftSession
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.engine.warn_once import WarnOnce
-from lookahead_client.errors import LookaheadError
 from lookahead_client.types import DraftShape
 
 __all__ = ["ChainDrafting", "Chain", "Row"]
@@ -171,11 +170,9 @@ class ChainDrafting:
         return chains
 
     def stats(self) -> dict[str, Any]:
-        """Whether chains are sized; counters: steps, drafts, the request book, the guard, a
-        remote client's own fallbacks, the draft nodes the core sized away (in-process),
-        the draft tokens this engine accepted as its drafter counted them and of those the
-        ones drafted from other replicas' text (``replica_accepted``,
-        ``cross_replica_accepted``; a remote drafter asks its server)."""
+        """Whether chains are sized; counters: steps, drafts, the session's (the request
+        book, the guard, what other replicas' text gave), a remote client's own fallbacks,
+        the draft nodes the core sized away (in-process)."""
         out: dict[str, Any] = {
             "sizing": self.cost is not None,
             "drafted_requests": self.drafted_requests,
@@ -186,14 +183,6 @@ class ChainDrafting:
         client_stats = getattr(drafter, "client_stats", None)
         if callable(client_stats):  # a remote drafter's own fallbacks and outages
             out["client"] = client_stats()
-        counters: dict[str, Any] = {}
-        read = getattr(drafter, "stats", None)  # a stand-in drafter may keep none
-        try:
-            counters = read() if callable(read) else {}
-        except LookaheadError as e:  # a server that is down has no counters to give
-            self.warn("stats", "the drafter's counters are unavailable: %s", e)
-        out["replica_accepted"] = counters.get("replica_accepted_reported")
-        out["cross_replica_accepted"] = counters.get("replica_accepted_cross_replica")
-        if self.cost is not None and not callable(client_stats):
-            out["sized_away"] = counters.get("sized_away")
+        elif self.cost is not None:  # in-process: no call
+            out["sized_away"] = self.session.drafter_stats().get("sized_away")
         return out
