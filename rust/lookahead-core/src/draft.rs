@@ -59,6 +59,8 @@ pub(crate) struct DraftSources<'a> {
     pub group: Option<GroupSource<'a>>,
     /// The replica the request came from (see [`crate::provenance`]).
     pub origin: Origin,
+    /// Where the request's own text starts in `sam` (before it: other requests' responses).
+    pub own_from: u32,
 }
 
 /// The built tree (breadth-first) and, in growth order, what feedback needs.
@@ -94,7 +96,8 @@ struct Candidate {
     seq: u32,
     parent: i32,
     token: Token,
-    /// The request's own text predicted it (a continuation of its history, or its anchor).
+    /// The request's own text predicted it: a continuation of its history, or its anchor,
+    /// found in its own prompt and output (not in the responses of its group before them).
     own: bool,
 }
 
@@ -140,10 +143,12 @@ struct Proposal {
     evidence: Evidence,
     p: f32,
     keys: Keys,
+    /// The request's own text predicted it (see [`Candidate::own`]).
+    own: bool,
 }
 
-/// The evidence of `token` among the proposals, added empty when it is new.
-fn proposal(proposals: &mut Vec<Proposal>, token: Token) -> &mut Evidence {
+/// `token` among the proposals, added without evidence when it is new.
+fn proposal(proposals: &mut Vec<Proposal>, token: Token) -> &mut Proposal {
     let i = match proposals.iter().position(|c| c.token == token) {
         Some(i) => i,
         None => {
@@ -152,11 +157,12 @@ fn proposal(proposals: &mut Vec<Proposal>, token: Token) -> &mut Evidence {
                 evidence: Evidence::default(),
                 p: 0.0,
                 keys: Keys::default(),
+                own: false,
             });
             proposals.len() - 1
         }
     };
-    &mut proposals[i].evidence
+    &mut proposals[i]
 }
 
 /// Grows a draft tree for a context whose last token is `root` and whose longest match in the
@@ -348,8 +354,9 @@ impl Builder<'_> {
                 if c.token == SEPARATOR {
                     continue;
                 }
-                let e = proposal(&mut self.cand_buf, c.token);
-                e.local.get_or_insert(LocalEvidence {
+                let p = proposal(&mut self.cand_buf, c.token);
+                p.own |= c.recent_end >= src.own_from;
+                p.evidence.local.get_or_insert(LocalEvidence {
                     match_len: m.len,
                     occ: c.occ,
                     total,
@@ -374,7 +381,7 @@ impl Builder<'_> {
             let total = self.continued_count(id, node);
             src.trie.top_children(node, &mut self.child_buf);
             for ch in &self.child_buf {
-                let e = proposal(&mut self.cand_buf, ch.token);
+                let e = &mut proposal(&mut self.cand_buf, ch.token).evidence;
                 e.global.get_or_insert(GlobalEvidence {
                     depth,
                     count: ch.count,
@@ -389,7 +396,7 @@ impl Builder<'_> {
         });
         if let Some(m) = sibling_match {
             for c in &self.sibling_buf {
-                let e = proposal(&mut self.cand_buf, c.token);
+                let e = &mut proposal(&mut self.cand_buf, c.token).evidence;
                 e.siblings = Some(SiblingEvidence {
                     match_len: m.len,
                     agree: c.agree,
@@ -400,7 +407,8 @@ impl Builder<'_> {
         // the copy anchor's continuation
         let anchored = anchor.and_then(|a| self.anchor_token(a + 1));
         if let Some(token) = anchored {
-            proposal(&mut self.cand_buf, token);
+            let from_own_text = anchor.is_some_and(|a| a + 1 >= src.own_from);
+            proposal(&mut self.cand_buf, token).own |= from_own_text;
         }
         // evidence of absence where a source matched but did not predict the token
         let local_total = src.sam.occurrences(local);
@@ -453,13 +461,12 @@ impl Builder<'_> {
                 token: c.token,
                 keys: c.keys,
             });
-            let own = c.evidence.local.is_some_and(|l| l.occ > 0 || l.anchored);
             self.heap.push(Candidate {
                 score: score * c.p,
                 seq: self.seq,
                 parent: id,
                 token: c.token,
-                own,
+                own: c.own,
             });
             self.seq += 1;
         }

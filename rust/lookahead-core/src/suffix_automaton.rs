@@ -42,6 +42,9 @@ pub(crate) struct Continuation {
     pub occ: u32,
     /// Whether this token followed the most recent earlier occurrence.
     pub most_recent: bool,
+    /// An end position of an earlier occurrence of the extended string (its most recent one
+    /// as far as the bookkeeping's walk refreshed it).
+    pub recent_end: u32,
 }
 
 /// The automaton plus the text it indexes.
@@ -176,10 +179,14 @@ impl SuffixAutomaton {
             .and_then(|i| self.text.get(i))
             .copied();
         let transitions = self.automaton.transitions(m.state).take(limit);
-        out.extend(transitions.map(|(token, target)| Continuation {
-            token,
-            occ: self.automaton.state(target).data.occ.max(1),
-            most_recent: recent_next == Some(token),
+        out.extend(transitions.map(|(token, target)| {
+            let data = self.automaton.state(target).data;
+            Continuation {
+                token,
+                occ: data.occ.max(1),
+                most_recent: recent_next == Some(token),
+                recent_end: data.recent_end,
+            }
         }));
     }
 }

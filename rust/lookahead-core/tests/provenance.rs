@@ -142,3 +142,47 @@ fn only_accepted_tokens_count_and_a_repeated_step_counts_once() {
         (2, 2)
     );
 }
+
+#[test]
+fn a_prompt_repeated_on_another_replica_drafts_the_first_replicas_response_as_cross_replica() {
+    // The second request of a prompt starts with the first one's response in its own index
+    // (a sibling response): drafted from there, it is still the other replica's text.
+    let repeat = |second: &str| {
+        let d = Drafter::new(DrafterConfig::default()).unwrap();
+        let (first, second) = (d.origin_of("replica-a"), d.origin_of(second));
+        let text = novel(5, 60);
+        let (prompt, response) = text.split_at(20);
+        step(&d, first, "first", Some(prompt), &[], None);
+        step(&d, first, "first", None, response, None);
+        let item = StepItem {
+            request_id: "first",
+            finished: true,
+            origin: first,
+            ..Default::default()
+        };
+        d.step(&[item]).pop().unwrap().unwrap();
+        let tree = step(&d, second, "again", Some(prompt), &[], None);
+        assert!(
+            tree.len() >= 4 && tree.tokens[..4] == response[..4],
+            "{tree:?}"
+        );
+        step(&d, second, "again", None, &response[..5], Some(4));
+        d.stats()
+    };
+    let elsewhere = repeat("replica-b");
+    assert_eq!(
+        (
+            elsewhere.accepted_reported,
+            elsewhere.accepted_cross_replica
+        ),
+        (4, 4)
+    );
+    let same_replica = repeat("replica-a");
+    assert_eq!(
+        (
+            same_replica.accepted_reported,
+            same_replica.accepted_cross_replica
+        ),
+        (4, 0)
+    );
+}

@@ -132,6 +132,7 @@ impl Drafter {
             context_counted: state.fully_inserted(),
             group: group.draft_source(state.member),
             origin: state.origin,
+            own_from: state.prefix_len as u32,
         };
         let params = DraftParams {
             budget: item.budget,
