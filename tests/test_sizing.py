@@ -128,6 +128,14 @@ def test_outliers_are_clipped():
     assert model.predict(8)[0] < 2 * cpu_like(8)
 
 
+def test_a_slow_step_where_the_fit_never_measured_is_news_not_an_outlier():
+    model = fitted(cpu_like, [1, 2])
+    model.predict(1)
+    for _ in range(20):
+        model.observe(256, 50 * cpu_like(256))  # far above the extrapolation: kept
+    assert model.predict(256)[0] > 10 * cpu_like(256)
+
+
 def test_from_measurements_fits_a_profile():
     rows = [{"tokens": t, "seconds": gpu_like(t)} for t in (1, 64, 256, 512, 1024)]
     model = CostModel.from_measurements(rows)
@@ -513,3 +521,30 @@ def test_path_probabilities_never_rise_along_a_path():
         for j in range(k + 1):  # every cut by rank keeps a tree
             kept = set(np.flatnonzero(rank < j))
             assert all(parents[i] < 0 or parents[i] in kept for i in kept)
+
+
+def test_the_outlier_rule_predicts_as_the_fit_does_without_a_solve_per_step():
+    """Every observation is checked against the last fit in plain Python: the same prediction
+    as ``predict`` at knots, between them, beyond the last and with context; the fit is
+    refitted once per 32 observations, not per observation."""
+    model = fitted(cpu_like, [1, 2, 8, 64])
+    model.observe(4, 1.0, context=2048, pairs=9000)
+    model.predict(1)  # a read refits; the rule follows the new fit
+    coef = model._reference
+    assert coef is not None
+    for tokens, context, pairs in [(1, 0, 0), (5, 0, 0), (64, 100, 0), (9000, 4096, 70000)]:
+        expected = model.predict(tokens, context, pairs)[0]
+        assert model._predict_one(coef, tokens, context, pairs) == pytest.approx(expected)
+    solves = 0
+    real_solve = model._solve
+
+    def counting_solve():
+        nonlocal solves
+        solves += 1
+        return real_solve()
+
+    model._solve = counting_solve
+    for _ in range(64):
+        model.observe(8, 100.0)
+    assert solves <= 64 // 32  # not one per observation
+    assert model.predict(8)[0] < 2 * cpu_like(8)

@@ -21,6 +21,7 @@ their neighbours (a penalty on the change of slope between knots).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -34,6 +35,8 @@ __all__ = ["CostModel", "token_knots"]
 # Scales of the context features, so that every coefficient is a few milliseconds.
 _CONTEXT_UNIT = 1024.0
 _PAIRS_UNIT = 65536.0
+# Observations after which the outlier rule's reference fit is refitted.
+_REFERENCE_AGE = 32
 
 
 def token_knots(max_tokens: int) -> np.ndarray:
@@ -112,8 +115,10 @@ class CostModel:
             (1.0 never forgets; 0.998 keeps roughly the last 500 steps).
         smoothing: weight of the penalty on slope changes between knots, relative to one
             observation; it only decides knots with no measurement near them.
-        outlier_factor: once the model is fitted, a measurement above this multiple of the
-            prediction is clipped to it (a step that lost the CPU to another process).
+        outlier_factor: a measurement above this multiple of the last fit's prediction is
+            clipped to it (a step that lost the CPU to another process), where that fit had
+            measurements (elsewhere a measurement is news, not an outlier); the reference
+            fit is at most 32 observations old. ``math.inf`` keeps every measurement.
 
     Raises:
         InvalidArgumentError: a setting out of range (``field`` names it).
@@ -137,7 +142,7 @@ class CostModel:
             )
         if not smoothing > 0.0:
             raise InvalidArgumentError(f"smoothing must be > 0, got {smoothing}", field="smoothing")
-        if not outlier_factor > 1.0:
+        if not outlier_factor > 1.0:  # inf allowed
             raise InvalidArgumentError(
                 f"outlier_factor must be > 1, got {outlier_factor}", field="outlier_factor"
             )
@@ -160,6 +165,13 @@ class CostModel:
         self.observations = 0
         self._coef: np.ndarray | None = None
         self._increments: np.ndarray | None = None  # the last solve's, to start the next
+        # The last solve's coefficients and knot weights as floats: the outlier rule's
+        # reference, read in pure Python by every observation (a solve per observation would
+        # cost milliseconds), and the observation count when it was made.
+        self._reference: list[float] | None = None
+        self._reference_weight: list[float] = []
+        self._reference_at = 0
+        self._knot_list: list[float] = [float(k) for k in self.knots]
         self._penalty = self._slope_penalty()
 
     # -- features ---------------------------------------------------------------------------
@@ -216,14 +228,43 @@ class CostModel:
             raise InvalidArgumentError(f"seconds must be > 0, got {seconds}", field="seconds")
         if context < 0 or pairs < 0:
             raise InvalidArgumentError("context and pairs must be >= 0", field="context")
-        if math.isfinite(self.outlier_factor) and self.ready:  # inf: the caller clips
-            tok, ctx, prs = self._arrays(tokens, context, pairs)
-            predicted = float(self.predict(tok, ctx, prs)[0])
-            if predicted > 0:
-                seconds = min(seconds, self.outlier_factor * predicted)
+        if math.isfinite(self.outlier_factor):
+            reference = self._outlier_reference(tokens)
+            if reference is not None:
+                predicted = self._predict_one(reference, tokens, context, pairs)
+                if predicted > 0:
+                    seconds = min(seconds, self.outlier_factor * predicted)
         self._pending.append((float(tokens), float(seconds), float(context), float(pairs)))
         self.observations += 1
         self._coef = None
+
+    def _outlier_reference(self, tokens: int) -> list[float] | None:
+        """The fit a measurement of ``tokens`` is checked against: the last solve's, refitted
+        when older than ``_REFERENCE_AGE`` observations; None while the model is not ready or
+        had no measurement near ``tokens`` then."""
+        stale = self.observations - self._reference_at >= _REFERENCE_AGE
+        if (self._reference is None or stale) and self.observations and self.ready:
+            self._solve()
+        if self._reference is None:
+            return None
+        knots = self._knot_list
+        i = min(max(bisect.bisect_left(knots, tokens), 1), len(knots) - 1)
+        weight = self._reference_weight
+        if weight[i - 1] + weight[i] < 1.0:
+            return None
+        return self._reference
+
+    def _predict_one(self, coef: list[float], tokens: int, context: int, pairs: int) -> float:
+        """:meth:`predict` of one step under the coefficients ``coef``, without numpy."""
+        knots, m = self._knot_list, len(self._knot_list)
+        i = bisect.bisect_left(knots, tokens)
+        if i == 0:
+            base = coef[0]
+        else:
+            i = min(i, m - 1)  # beyond the last knot: the last segment's line, extended
+            lo, hi = knots[i - 1], knots[i]
+            base = coef[i - 1] + (coef[i] - coef[i - 1]) * (tokens - lo) / (hi - lo)
+        return base + coef[m] * context / _CONTEXT_UNIT + coef[m + 1] * pairs / _PAIRS_UNIT
 
     def _fold(self) -> None:
         """Folds the pending measurements into the sums, as if each had been added when it
@@ -279,6 +320,9 @@ class CostModel:
         )
         self._increments = increments
         self._coef = cumulative @ increments
+        self._reference = self._coef.tolist()
+        self._reference_weight = self._knot_weight.tolist()
+        self._reference_at = self.observations
         return self._coef
 
     # -- prediction -------------------------------------------------------------------------

@@ -5,14 +5,11 @@ Engines measure their own step times; :class:`StepCostFeed` fits them with
 :class:`~lookahead_client.types.EngineCost` curve the core sizes drafts against (the core
 picks the lengths; Python only measures). The curve is refitted every 32 steps, since the fit
 moves slowly and a refit (a non-negative least-squares solve, about 2 ms) costs more than
-many steps of drafting; a measurement far above the current curve (a step that lost the CPU)
-is clipped against it without a refit.
+many steps of drafting; a measurement far above the last fit (a step that lost the CPU) is
+clipped against it by the model's outlier rule, without a refit.
 """
 
 from __future__ import annotations
-
-import bisect
-import math
 
 import numpy as np
 
@@ -23,8 +20,6 @@ __all__ = ["StepCostFeed"]
 
 # Steps between two refits of the curve handed to the core.
 _REFRESH_EVERY = 32
-# A measurement above this multiple of the current curve is clipped to it.
-_OUTLIER_FACTOR = 3.0
 # Every this many steps the core drafts one token beyond its choice (see EngineCost).
 _EXPLORE_EVERY = 32
 
@@ -41,8 +36,7 @@ class StepCostFeed:
     def __init__(
         self, *, padded: bool = False, max_tokens: int = 4096, explore_every: int = _EXPLORE_EVERY
     ) -> None:
-        # outliers are clipped here, against the curve, so that a measurement needs no refit
-        self.model = CostModel(max_tokens=max_tokens, outlier_factor=math.inf)
+        self.model = CostModel(max_tokens=max_tokens)
         self.padded = padded
         self.explore_every = explore_every
         self._knots = token_knots(max_tokens).astype(np.int64)
@@ -57,9 +51,6 @@ class StepCostFeed:
         """One measured step of ``rows`` requests: ``tokens`` verified in ``seconds`` over
         ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`). The
         curve describes steps like the last one measured."""
-        curve = self._curve
-        if curve is not None:
-            seconds = min(seconds, _OUTLIER_FACTOR * _interpolate(curve, tokens))
         self.model.observe(tokens, seconds, context=context, pairs=pairs)
         self._context, self._rows = context, max(1, rows)
 
@@ -88,16 +79,3 @@ class StepCostFeed:
 
     def __repr__(self) -> str:
         return f"StepCostFeed(padded={self.padded}, {self.model!r})"
-
-
-def _interpolate(curve: EngineCost, tokens: int) -> float:
-    """The curve's seconds at ``tokens`` (flat beyond its ends), without numpy: it runs
-    every step."""
-    sizes, seconds = curve.tokens, curve.seconds
-    i = bisect.bisect_left(sizes, tokens)
-    if i == 0:
-        return seconds[0]
-    if i == len(sizes):
-        return seconds[-1]
-    lo, hi = sizes[i - 1], sizes[i]
-    return seconds[i - 1] + (seconds[i] - seconds[i - 1]) * (tokens - lo) / (hi - lo)
