@@ -209,7 +209,8 @@ def test_refusal_carries_the_other_trees(server: ServerProcess) -> None:
             )
         assert info.value.field == "request_id"
         assert info.value.index == 1
-        assert info.value.trees[0].root == text[60]
+        assert info.value.batch[0].root == text[60]
+        assert list(info.value.batch.errors) == [1]
         # The good request was applied: the next step continues from it.
         assert d.draft("a", 4).root == text[60]
 

@@ -51,7 +51,7 @@ def test_a_tracked_request_sends_only_its_new_tokens() -> None:
     assert not item.HasField("prompt") and list(item.new_tokens) == [4]
     assert (item.budget, item.accepted_last, item.reset) == (4, 2, False)
     assert plan.on_response(answer(message, {0: (4, [5, 6])})) is None
-    assert plan.result() == [DraftTree(4, (5, 6), (-1, 0), (0.5, 0.5))]
+    assert plan.result().trees() == [DraftTree(4, (5, 6), (-1, 0), (0.5, 0.5))]
     assert ledger.active["a"].tokens == [1, 2, 3, 4]
 
 
@@ -77,11 +77,11 @@ def test_after_an_outage_steps_are_resent_at_their_offsets() -> None:
     plan = ledger.plan([StepRequest("a", new_tokens=[3], budget=4)], "ns", 2)
     assert plan.first_message().requests[0].offset == 2
     plan.on_unavailable()
-    assert plan.result() == [DraftTree.empty(3)]
+    assert plan.result().trees() == [DraftTree.empty(3)]
     # The tokens of the failed step are kept; what the server holds is in doubt.
     plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4)], "ns", 3)
     plan.unavailable_without_trying()
-    assert plan.result() == [DraftTree.empty(4)]
+    assert plan.result().trees() == [DraftTree.empty(4)]
     plan = ledger.plan([StepRequest("a", new_tokens=[5], budget=4)], "ns", 4)
     item = plan.first_message().requests[0]
     # No restart: the unconfirmed tokens go out again from the last offset the server is known
@@ -167,7 +167,7 @@ def test_refusals_raise_after_the_whole_step() -> None:
     )
     with pytest.raises(UnknownRequestError) as info:
         plan.result()
-    assert info.value.index == 1 and info.value.trees[0].tokens == (3,)
+    assert info.value.index == 1 and info.value.batch[0].tokens == (3,)
     assert ledger.active["a"].tokens == [1, 2]
 
 
@@ -196,7 +196,7 @@ def test_a_malformed_answer_counts_as_unavailable(caplog: pytest.LogCaptureFixtu
     plan.first_message()
     with caplog.at_level(logging.ERROR):
         assert plan.on_response(pb.StepResponse(roots=[1, 2], sizes=[0, 0])) is None
-    assert plan.result() == [DraftTree.empty(2)]
+    assert plan.result().trees() == [DraftTree.empty(2)]
     # in doubt: the server is known to hold only the prompt; the step goes out again
     assert ledger.active["a"].held == 1 and ledger.active["a"].tokens == [1, 2]
     assert "does not describe" in caplog.text

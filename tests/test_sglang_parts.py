@@ -16,7 +16,7 @@ from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
-from lookahead_client.types import DraftTree, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, StepRequest
 
 # -- the request book ------------------------------------------------------------------------
 
@@ -196,9 +196,8 @@ class _Scripted:
             raise RuntimeError("boom")
         if self.action == "refuse":
             error = UnknownRequestError("unknown request", field="request_id")
-            error.trees = [DraftTree.empty(1) for _ in requests]
-            error.index = 0
-            raise error
+            batch = DraftBatch.from_trees([DraftTree.empty(1) for _ in requests], {0: error})
+            batch.raise_first_error()
         if self.action == "short":
             return []
         if self.action == "block":
@@ -249,7 +248,7 @@ def test_guard_keeps_the_embedded_drafters_other_trees_when_one_request_is_refus
     assert len(outcome.batch.tree(1)) == 0
 
 
-def test_guard_calls_a_wrappers_own_step_not_the_inner_drafters_step_batch():
+def test_guard_calls_a_wrappers_own_step():
     class Wrapper:  # instruments step, hands everything else to the drafter
         def __init__(self, drafter):
             self.drafter, self.calls = drafter, 0
@@ -352,9 +351,9 @@ def test_plugin_stops_the_process_on_a_bad_config(monkeypatch):
 
 def test_the_embedded_core_is_called_inline_and_other_drafters_behind_a_deadline():
     class Embedded(EmbeddedDrafter):
-        def step_batch(self, requests, cost=None):
+        def step(self, requests, cost=None):
             self.thread = threading.current_thread()
-            return super().step_batch(requests, cost)
+            return super().step(requests, cost)
 
     config = LookaheadConfig(timeout=0.02)
     drafter = Embedded(vocab_size=1000)

@@ -95,29 +95,18 @@ class EmbeddedDrafter:
         """Loads a finished text (a past output, a document) into the shared statistics."""
         self._native.ingest(list(tokens))
 
-    def step(
-        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> DraftBatch:
         """One engine step: feeds every request its new tokens and drafts one tree each
-        (sized shapes cut against ``cost``).
+        (sized shapes cut against ``cost``), as NumPy columns.
 
         Requests are independent: when one is refused the others are still applied, and the
-        first refusal is raised after the whole step.
-        """
-        batch = self.step_batch(requests, cost)
-        if batch.errors:
-            raise batch.errors[min(batch.errors)]
-        return batch.trees()
-
-    def step_batch(
-        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> DraftBatch:
-        """Like :meth:`step`, but the trees come as NumPy columns and refusals in
-        ``errors`` (nothing is raised for a refused request).
+        first refusal is raised after the whole step (with the step's ``batch`` attached, its
+        ``errors`` holding every refusal, and the request's ``index``).
 
         Raises:
             InvalidArgumentError: ``cost`` or a request's ``shape`` is invalid (naming the
                 field); nothing was applied.
+            LookaheadError: a request was refused (a subclass naming the field).
         """
         items = [
             (
@@ -137,7 +126,9 @@ class EmbeddedDrafter:
         roots, sizes, tokens, parents, scores, held, errors = self._native.step(
             items, None if cost is None else cost.as_tuple()
         )
-        return DraftBatch(roots, sizes, tokens, parents, scores, held, dict(errors))
+        batch = DraftBatch(roots, sizes, tokens, parents, scores, held, dict(errors))
+        batch.raise_first_error()
+        return batch
 
     def stats(self) -> dict[str, int | float]:
         """Counters: active requests, trie nodes, memory, drafts, reported acceptance..."""

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lookahead_client.types import StepRequest
+from lookahead_client.types import DraftBatch, StepRequest
 
 from .replay import accepted_length
 from .workload import DEMO_WORKLOAD, load_workload
@@ -141,7 +141,7 @@ class _Slots:
             self.ids[slot], self.responses[slot], self.pos[slot] = rid, request.response, 1
             self.prompts[slot] = prompt
 
-    def requests(self, trees: list[Any] | None, budget: int) -> tuple[list[StepRequest], int]:
+    def requests(self, trees: DraftBatch | None, budget: int) -> tuple[list[StepRequest], int]:
         """The step's requests; the number of draft tokens the last trees got accepted."""
         out: list[StepRequest] = []
         accepted_total = 0
@@ -184,7 +184,7 @@ def _replica(
         return
     latencies: list[int] = []
     request_drafts = nodes = accepted = 0
-    trees: list[Any] | None = None
+    trees: DraftBatch | None = None
     error: str | None = None
     wall = 0.0
     try:
@@ -201,7 +201,7 @@ def _replica(
             if step >= config.warmup:
                 latencies.append(elapsed)
                 request_drafts += sum(1 for r in requests if not r.finished)
-                nodes += sum(len(t) for t in trees)
+                nodes += int(trees.sizes.sum())
                 accepted += got
         wall = time.perf_counter() - started
     except Exception as e:

@@ -3,11 +3,11 @@
 :class:`DraftGuard` runs each ``drafter.step`` on its own thread and waits at most a deadline.
 What can happen to a step:
 
-* it answers in time: its trees are used, as one :class:`~lookahead_client.types.DraftBatch`
-  (a drafter with ``step_batch``, the embedded one, gives its columns as they are; trees of
-  other drafters are put into columns);
-* it raises: the step gets no trees (the caller falls back to root-only trees, i.e. plain
-  decoding) and learns which requests' drafter state is in doubt;
+* it answers in time: its :class:`~lookahead_client.types.DraftBatch` is used as it is;
+* it refuses requests: the step gets the batch the refusal carries (empty trees for the
+  refused) and learns which requests' drafter state is in doubt;
+* it raises otherwise: the step gets no trees (the caller falls back to root-only trees, i.e.
+  plain decoding) and every request's drafter state is in doubt;
 * it is late: the step gets no trees; the call goes on, and its outcome is handed back by
   :meth:`DraftGuard.collect` once it ends. Until then later steps are not sent (they fall back
   at once instead of queueing behind a stuck drafter).
@@ -79,53 +79,32 @@ class _Call:
         self.error: BaseException | None = None
 
     def step(self, drafter: Drafter) -> Any:
-        """The drafter's step: its columns where it gives them (``step_batch``), else its
-        trees."""
-        if _has_own_step_batch(drafter):
-            return drafter.step_batch(self.requests, self.cost)  # type: ignore[attr-defined]
+        """The drafter's step."""
         return drafter.step(self.requests, self.cost)
-
-
-def _has_own_step_batch(drafter: Drafter) -> bool:
-    """Whether ``step_batch`` comes with the drafter's ``step`` (from the class that defines
-    ``step``, or below it): a wrapper that overrides ``step`` and hands other attributes to an
-    inner drafter must be called through its ``step``."""
-    for cls in type(drafter).__mro__:
-        if "step_batch" in vars(cls):
-            return True
-        if "step" in vars(cls):
-            return False
-    return False
 
 
 def _outcome_of(call: _Call) -> Outcome:
     """The outcome of a finished call."""
     n = len(call.requests)
-    if call.error is None:
+    failure = call.error
+    if failure is None:
         result = call.result
-        if isinstance(result, DraftBatch) and len(result) == n:
-            failed = frozenset(result.errors)
-            error = None
-            if failed:
-                first = result.errors[min(failed)]
-                error = f"{len(failed)} of {n} requests refused: {type(first).__name__}: {first}"
-            return Outcome(result, failed, error=error)
-        if isinstance(result, list) and len(result) == n:
+        if isinstance(result, list):  # a drafter of the earlier protocol: its trees
             try:
-                return Outcome(DraftBatch.from_trees(result))
+                result = DraftBatch.from_trees(result)
             except InvalidArgumentError as e:
                 return Outcome(None, None, error=str(e))
-        got = len(result) if isinstance(result, list | DraftBatch) else type(result).__name__
+        if isinstance(result, DraftBatch) and len(result) == n:
+            return Outcome(result)
+        got = len(result) if isinstance(result, DraftBatch) else type(result).__name__
         return Outcome(None, None, error=f"the drafter returned {got} trees for {n} requests")
-    failure = call.error
     reason = f"{type(failure).__name__}: {failure}"
-    # RemoteDrafter attaches the step's other trees and the refused request's index.
-    trees, index = getattr(failure, "trees", None), getattr(failure, "index", None)
-    if isinstance(trees, list) and len(trees) == n and isinstance(index, int) and 0 <= index < n:
-        try:
-            return Outcome(DraftBatch.from_trees(trees), frozenset({index}), error=reason)
-        except InvalidArgumentError:
-            pass
+    # A refusal of some requests carries the step's batch (see Drafter.step).
+    batch = getattr(failure, "batch", None)
+    if isinstance(batch, DraftBatch) and len(batch) == n and batch.errors:
+        reason = f"{len(batch.errors)} of {n} requests refused: {reason}"
+        failed = frozenset(batch.errors)
+        return Outcome(batch, failed, error=reason)
     return Outcome(None, None, error=reason)
 
 

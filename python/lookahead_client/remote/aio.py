@@ -28,7 +28,7 @@ from lookahead_client.remote.wire import (
     stats_dict,
     status_code,
 )
-from lookahead_client.types import DraftTree, EngineCost, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
 __all__ = ["AsyncRemoteDrafter"]
 
@@ -162,13 +162,13 @@ class AsyncRemoteDrafter(RemoteSettings):
 
     async def step(
         self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> list[DraftTree]:
+    ) -> DraftBatch:
         """One engine step: one tree per request (empty trees if the server is unavailable
         or too slow). Raises like ``RemoteDrafter.step``."""
         async with self._serial():
             return await self._drive(self._plan(requests, cost))
 
-    async def _drive(self, plan: RemoteStep) -> list[DraftTree]:
+    async def _drive(self, plan: RemoteStep) -> DraftBatch:
         conn = self._connection()
         exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
         try:

@@ -25,6 +25,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client.errors import InvalidArgumentError, LookaheadError
@@ -36,14 +37,15 @@ from lookahead_client.remote.wire import (
     error_from_rpc,
     is_transient,
     response_columns,
-    server_tree,
 )
-from lookahead_client.types import DraftTree, EngineCost, StepRequest
+from lookahead_client.types import DraftBatch, EngineCost, StepRequest
 
 __all__ = ["Exchange", "Ledger", "RemoteStep"]
 
 #: One call of a step: the message to send and the seconds left before the step's deadline.
 Exchange = tuple[pb.StepRequest, float]
+#: One request's tree as the server sent it: root, tokens, parents, scores.
+_Columns = tuple[int, tuple[int, ...], tuple[int, ...], tuple[float, ...]]
 
 _log = logging.getLogger("lookahead_client.remote")
 
@@ -184,7 +186,9 @@ class RemoteStep:
         self._replica = replica
         self._namespace = namespace
         self._step_id = step_id
-        self._trees: list[DraftTree | None] = [None] * len(requests)
+        # Each request's tree as the server's columns (root, tokens, parents, scores); None
+        # until answered (an empty tree under the request's last token).
+        self._trees: list[_Columns | None] = [None] * len(requests)
         self._roots: list[int] = []
         self._errors: list[tuple[int, LookaheadError]] = []
         self._in_flight: list[_Entry] = []
@@ -243,20 +247,20 @@ class RemoteStep:
 
     def exchanges(
         self, availability: Availability, timeout: float
-    ) -> Generator[Exchange, pb.StepResponse, list[DraftTree]]:
+    ) -> Generator[Exchange, pb.StepResponse, DraftBatch]:
         """The step's conversation with the server, free of I/O, for the sync and the asyncio
         client alike: yields each message with the seconds left before the step's deadline
         (``timeout`` from the first message) and is sent the answer, or has the call's
         ``grpc.RpcError`` thrown in.
 
-        Returns the trees: empty ones when the server is known down, too slow or failing
-        transiently (``availability`` is told).
+        Returns the step's batch: empty trees when the server is known down, too slow or
+        failing transiently (``availability`` is told).
 
         Raises:
             LookaheadError: as :meth:`result`, or the server refused the whole step.
         """
         if self.empty:
-            return []
+            return self.result()
         if not availability.should_try():
             self.unavailable_without_trying()
             availability.skipped()
@@ -400,8 +404,11 @@ class RemoteStep:
             else:
                 self._applied(e)
             if e.index >= 0:
-                trees[e.index] = server_tree(
-                    roots[i], tokens[start:offset], parents[start:offset], scores[start:offset]
+                trees[e.index] = (
+                    roots[i],
+                    tokens[start:offset],
+                    parents[start:offset],
+                    scores[start:offset],
                 )
         return self._message(resend) if resend else None
 
@@ -476,29 +483,42 @@ class RemoteStep:
         self.on_unavailable()
 
     def refused(self, error: LookaheadError) -> LookaheadError:
-        """``error`` (the whole step was refused, nothing applied) with ``trees`` (all empty)
-        and ``index`` (-1) attached, as :meth:`result` attaches them."""
-        error.trees = [DraftTree.empty(r) for r in self._roots]  # type: ignore[attr-defined]
+        """``error`` (the whole step, or its follow-up message, was refused and not applied)
+        with the step's ``batch`` (the trees answered before it, the others empty) and
+        ``index`` -1 attached."""
+        error.batch = self._batch({})  # type: ignore[attr-defined]
         error.index = -1  # type: ignore[attr-defined]
         return error
 
-    def result(self) -> list[DraftTree]:
-        """The trees, one per request (empty for requests without an answer).
+    def result(self) -> DraftBatch:
+        """The step's trees, one per request (empty for requests without an answer).
 
         Raises:
-            LookaheadError: the first request that failed (a subclass naming the field); its
-                ``trees`` attribute holds the trees of the step (empty for failed requests)
-                and ``index`` the failed request's index (-1: the whole step was refused).
+            LookaheadError: the first request that failed (a subclass naming the field),
+                with the step's ``batch`` (every refusal in its ``errors``) and the request's
+                ``index`` attached (-1: the whole step was refused, every tree empty).
         """
-        trees = self._trees
-        if any(t is None for t in trees):
-            trees = [
-                t if t is not None else DraftTree.empty(r)
-                for t, r in zip(trees, self._roots, strict=True)
-            ]
-        if self._errors:
-            index, error = self._errors[0]
-            error.trees = trees  # type: ignore[attr-defined]
-            error.index = index  # type: ignore[attr-defined]
-            raise error
-        return trees  # type: ignore[return-value]
+        errors: dict[int, LookaheadError] = {}
+        for index, error in self._errors:
+            errors.setdefault(index, error)
+        whole = errors.pop(-1, None)
+        if whole is not None:
+            raise self.refused(whole)
+        batch = self._batch(errors)
+        batch.raise_first_error()
+        return batch
+
+    def _batch(self, errors: dict[int, LookaheadError]) -> DraftBatch:
+        n = len(self._trees)
+        answered = [
+            t if t is not None else (r, (), (), ())
+            for t, r in zip(self._trees, self._roots, strict=True)
+        ]
+        return DraftBatch(
+            np.fromiter((t[0] for t in answered), dtype=np.int64, count=n),
+            np.fromiter((len(t[1]) for t in answered), dtype=np.uint32, count=n),
+            np.fromiter((x for t in answered for x in t[1]), dtype=np.int64),
+            np.fromiter((x for t in answered for x in t[2]), dtype=np.int32),
+            np.fromiter((x for t in answered for x in t[3]), dtype=np.float32),
+            errors=dict(errors),
+        )

@@ -49,7 +49,7 @@ from lookahead_client.remote.wire import (
     stats_dict,
     status_code,
 )
-from lookahead_client.types import DraftTree, EngineCost, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
 __all__ = ["RemoteDrafter", "RemoteSettings", "StepTimeout", "fork_generation"]
 
@@ -344,21 +344,20 @@ class RemoteDrafter(RemoteSettings):
 
     # -- steps ----------------------------------------------------------------------------
 
-    def step(
-        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> DraftBatch:
         """One engine step: one tree per request, in order (empty trees if the server is
         unavailable or too slow); sized shapes are cut against ``cost``.
 
         Raises:
-            LookaheadError: a request was refused (the subclass names the field); the
-                exception's ``trees`` holds the step's other trees and ``index`` the
-                request's index (-1: the whole step was refused).
+            LookaheadError: a request was refused (the subclass names the field), after the
+                whole step: the exception's ``batch`` holds the step's trees (every refusal
+                in its ``errors``) and ``index`` the request's index (-1: the whole step was
+                refused).
         """
         with self._lock:
             return self._drive(self._plan(requests, cost))
 
-    def _drive(self, plan: RemoteStep) -> list[DraftTree]:
+    def _drive(self, plan: RemoteStep) -> DraftBatch:
         conn = self._connection()
         exchanges = plan.exchanges(self._availability, self._step_timeout(conn.fresh))
         try:

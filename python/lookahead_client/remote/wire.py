@@ -21,7 +21,6 @@ from lookahead_client.errors import (
     UnavailableError,
     UnknownRequestError,
 )
-from lookahead_client.types import DraftTree
 
 __all__ = [
     "FIELD_METADATA_KEY",
@@ -170,28 +169,6 @@ def error_from_request_error(error: pb.RequestError) -> LookaheadError:
     """The typed exception for a per-request (or per-step) error of a StepResponse."""
     cls = _REQUEST_ERRORS.get(error.code, LookaheadError)
     return cls(error.message, field=error.field or None)
-
-
-_new_tree = object.__new__
-_set_root = DraftTree.root.__set__  # type: ignore[attr-defined, misc]
-_set_tokens = DraftTree.tokens.__set__  # type: ignore[attr-defined, misc]
-_set_parents = DraftTree.parents.__set__  # type: ignore[attr-defined, misc]
-_set_scores = DraftTree.scores.__set__  # type: ignore[attr-defined, misc]
-
-
-def server_tree(
-    root: int, tokens: tuple[int, ...], parents: tuple[int, ...], scores: tuple[float, ...]
-) -> DraftTree:
-    """A DraftTree from the server's columns, without DraftTree's O(n) Python validation:
-    the server's trees are valid by construction (the core emits breadth-first trees) and
-    the lengths were checked for the whole response. This is about 3x cheaper than
-    ``DraftTree(...)``, which matters at 64 trees per step."""
-    tree = _new_tree(DraftTree)
-    _set_root(tree, root)
-    _set_tokens(tree, tokens)
-    _set_parents(tree, parents)
-    _set_scores(tree, scores)
-    return tree
 
 
 def response_columns(

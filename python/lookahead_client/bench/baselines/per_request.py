@@ -11,7 +11,7 @@ from lookahead_client.errors import (
     RequestAlreadyActiveError,
     UnknownRequestError,
 )
-from lookahead_client.types import DraftTree, EngineCost, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
 __all__ = ["PerRequestDrafter", "chain_tree"]
 
@@ -80,9 +80,7 @@ class PerRequestDrafter(ABC):
     #: Whole trees whatever the shape: the caller cuts them (see ``Drafter``).
     sizes_drafts = False
 
-    def step(
-        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> DraftBatch:
         """Feeds each request its new tokens and drafts one tree each (none when finished);
         ``cost`` is not used (whole trees)."""
         out = []
@@ -102,7 +100,7 @@ class PerRequestDrafter(ABC):
             tree = self._draft(req.request_id, req.budget) if req.budget else DraftTree.empty()
             self._drafted += len(tree)
             out.append(tree)
-        return out
+        return DraftBatch.from_trees(out)
 
     def end(self, request_id: str) -> None:
         """Ends a request."""

@@ -45,7 +45,7 @@ from lookahead_client.errors import (
     RequestAlreadyActiveError,
     UnknownRequestError,
 )
-from lookahead_client.types import DraftTree, EngineCost, StepRequest
+from lookahead_client.types import DraftBatch, DraftTree, EngineCost, StepRequest
 
 __all__ = ["INSTALL_HINT", "SglangNgramDrafter"]
 
@@ -170,9 +170,7 @@ class SglangNgramDrafter:
     #: Whole trees whatever the shape: the caller cuts them (see ``Drafter``).
     sizes_drafts = False
 
-    def step(
-        self, requests: Sequence[StepRequest], cost: EngineCost | None = None
-    ) -> list[DraftTree]:
+    def step(self, requests: Sequence[StepRequest], cost: EngineCost | None = None) -> DraftBatch:
         """One engine step: ``batch_get`` for every drafting request, then ``batch_put``;
         ``cost`` is not used (whole trees)."""
         out: list[DraftTree | None] = []
@@ -227,7 +225,7 @@ class SglangNgramDrafter:
                         )
                     self._drafted += len(tree)
                     out[i] = tree
-        return out  # type: ignore[return-value]
+        return DraftBatch.from_trees(out)  # type: ignore[arg-type]
 
     def stats(self) -> dict[str, int | float]:
         """Active requests, steps drafted, draft tokens proposed and the trie capacity."""
