@@ -279,6 +279,7 @@ class _Connection:
         options: list[tuple[str, int | str]],
         stream: bool,
         credentials: grpc.ChannelCredentials | None = None,
+        forked: bool = False,
     ) -> None:
         if credentials is None:
             self.channel = grpc.insecure_channel(target, options=options)
@@ -289,8 +290,22 @@ class _Connection:
         self._stepper: _StreamStepper | None = None
         #: No call has succeeded yet: the first one may include connecting.
         self.fresh = True
+        #: The channel of a forked child whose first step has not been tried yet.
+        self.forked_first = forked
 
     def step(self, message: pb.StepRequest, timeout: float) -> pb.StepResponse:
+        if self.forked_first:
+            # In a child forked while gRPC's threads were busy, a new channel's first call
+            # can fail inside this process ("Wrong file descriptor generation") before
+            # anything is sent: it is tried once more, within the same deadline.
+            self.forked_first = False
+            deadline = time.monotonic() + timeout
+            try:
+                return self.step(message, timeout)
+            except grpc.RpcError as e:
+                if status_code(e) != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                return self.step(message, max(deadline - time.monotonic(), 1e-3))
         if not self._stream:
             return self.stub.Step(message, timeout=timeout)
         if self._stepper is None or self._stepper.broken:
@@ -319,13 +334,18 @@ class RemoteDrafter(RemoteSettings):
         self._conn: _Connection | None = None
 
     def _connection(self) -> _Connection:
-        if self._forked():
+        forked = self._forked()
+        if forked:
             # The parent's channel must not be used (nor closed) here.
             abandon(self._conn)
             self._conn = None
         if self._conn is None:
             self._conn = _Connection(
-                self.target, self._channel_options(), self.stream, self._credentials()
+                self.target,
+                self._channel_options(),
+                self.stream,
+                self._credentials(),
+                forked=forked or fork_generation() > 0,
             )
         return self._conn
 
