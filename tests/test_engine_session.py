@@ -10,6 +10,8 @@ from lookahead_client import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.session import DraftSession
+from lookahead_client.processes.server import ServerProcess
+from lookahead_client.remote import RemoteDrafter
 
 LOG = logging.getLogger("test_engine_session")
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
@@ -111,3 +113,30 @@ def test_the_embedded_drafter_refuses_a_step_that_skips_tokens():
     s.begin()
     drafts = s.draft([RequestView("r", PROMPT, [8, 5, 6])])
     assert drafts is not None and drafts.tree_of(0) >= 0 and "r" in s.book
+
+
+def test_through_a_server_that_restarts_the_book_starts_lost_requests_again():
+    """The book sends offsets and keeps the text: the remote client keeps no copy of it, and
+    a request the restarted server lost comes back to the book as a refusal, which starts it
+    again from the engine's tokens; drafting goes on."""
+    with ServerProcess() as server:
+        drafter = RemoteDrafter(server.unix_target, namespace="session", timeout=5.0)
+        s = session(drafter)
+        output = [8]
+        for _ in range(3):
+            assert s.begin()
+            assert s.draft([RequestView("r", PROMPT, output)]) is not None
+            output = output + [5]
+        (tracked,) = drafter._ledger.active.values()
+        assert tracked.tokens == [] and tracked.held == len(PROMPT) + 3  # no copy kept
+        server.restart()
+        s.begin()
+        drafts = s.draft([RequestView("r", PROMPT, output)])
+        assert drafts is not None and drafts.tree_of(0) < 0  # refused: undrafted this step
+        assert s.book.resyncs == 1 and "r" not in s.book
+        output = output + [6]
+        s.begin()
+        drafts = s.draft([RequestView("r", PROMPT, output)])
+        assert drafts is not None and drafts.tree_of(0) >= 0 and "r" in s.book
+        assert len(drafts.batch.tree(drafts.tree_of(0))) > 0  # drafted from the prompt again
+        drafter.close()

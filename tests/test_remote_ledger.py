@@ -104,6 +104,45 @@ def test_after_an_outage_steps_are_resent_at_their_offsets() -> None:
     assert list(item.new_tokens) == [3, 4, 5, 6] and not item.HasField("offset")
 
 
+def test_a_caller_that_sends_offsets_keeps_the_text_and_gets_the_loss_back() -> None:
+    """The engines' book sends offsets and keeps each request's tokens: the ledger keeps only
+    those the server has not confirmed, and a request the server lost is refused back to the
+    caller (which starts it again from its own tokens) instead of re-sent from a copy."""
+    ledger = Ledger()
+    started(ledger, "a", [1, 2, 3])
+    plan = ledger.plan([StepRequest("a", new_tokens=[4], budget=4, offset=3)], "ns", 2)
+    plan.on_response(answer(plan.first_message(), {0: (4, [5])}))
+    plan.result()
+    tracked = ledger.active["a"]
+    assert (tracked.tokens, tracked.held) == ([], 4)
+    # An outage: the unconfirmed tokens stay until the server confirms them.
+    plan = ledger.plan([StepRequest("a", new_tokens=[5], budget=4, offset=4)], "ns", 3)
+    plan.first_message()
+    plan.on_unavailable()
+    assert (tracked.tokens, tracked.held) == ([5], 4)
+    plan = ledger.plan([StepRequest("a", new_tokens=[6], budget=4, offset=5)], "ns", 4)
+    item = plan.first_message().requests[0]
+    assert item.offset == 4 and list(item.new_tokens) == [5, 6]
+    plan.on_response(answer(plan.first_message(), {0: (6, [])}))
+    plan.result()
+    assert (tracked.tokens, tracked.held) == ([], 6)
+    # Lost by the server: nothing to re-send it from, so the caller hears of it.
+    plan = ledger.plan(
+        [StepRequest("b", prompt=[7], budget=4), StepRequest("a", new_tokens=[7], offset=6)],
+        "ns",
+        5,
+    )
+    again = plan.on_response(
+        answer(plan.first_message(), {0: (7, [8])}, errors={1: pb.ERROR_CODE_UNKNOWN_REQUEST})
+    )
+    assert again is None
+    with pytest.raises(UnknownRequestError) as info:
+        plan.result()
+    assert info.value.index == 1 and list(info.value.batch.errors) == [1]
+    assert info.value.batch[0].tokens == (8,)
+    assert "a" not in ledger.active and ledger.resyncs == 0
+
+
 def test_a_start_in_doubt_is_restarted_with_reset() -> None:
     ledger = Ledger()
     plan = ledger.plan([StepRequest("a", prompt=[1, 2], new_tokens=[3], budget=4)], "ns", 1)

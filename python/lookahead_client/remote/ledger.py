@@ -2,13 +2,18 @@
 
 Why a ledger: the server may lose a request (it restarted), or the client may not know what
 the server applied (a step timed out, the server was unreachable). The ledger keeps, for every
-active request, every token the client knows (prompt and all tokens since) and how many of
-them the server is known to hold. Every step of a tracked request says where its tokens start
-(``offset``), so a step whose fate is unknown is simply sent again with the next one: the
-server skips what it already holds. Only a request the server lost (UNKNOWN_REQUEST, or an
-offset past what it holds) or whose start is in doubt is re-sent as a prompt with ``reset``
-(the server drops whatever it holds and restarts the request from it), within the same step
-when the server said so.
+active request, how many of its tokens the server is known to hold and the tokens it may not
+hold. Every step of a tracked request says where its tokens start (``offset``), so a step
+whose fate is unknown is simply sent again with the next one: the server skips what it already
+holds. A request whose start is in doubt is re-sent as a prompt with ``reset`` (the server
+drops whatever it holds and restarts the request from it).
+
+A request the server lost (UNKNOWN_REQUEST, or an offset past what it holds) needs its whole
+text again. A caller that sends ``offset`` with its steps (the engines' request book) keeps
+that text itself: the ledger keeps only the tokens the server has not confirmed, and hands the
+refusal back (the caller starts the request again from its own tokens). For a caller that
+sends no offsets (the Hugging Face loop, a replay, a script) the ledger keeps a copy of every
+token and re-sends the request as a prompt with ``reset`` itself, within the same step.
 Finishes that did not reach the server are sent again with a later step, so the server does not
 keep requests the engine ended.
 
@@ -54,15 +59,30 @@ _log = logging.getLogger("lookahead_client.remote")
 class _Tracked:
     """One active request as the client knows it."""
 
-    #: Its prompt, then every token since.
+    #: Its tokens from position ``start`` on: the prompt and every token since while the
+    #: caller sends no offsets, else only those the server has not confirmed.
     tokens: list[int]
     #: The server holds a copy that steps can go on from (else: restart it with ``reset``).
     synced: bool
     prompt_len: int
     group: str | None
-    #: How many of ``tokens`` the server is known to hold (the rest went out in steps whose
-    #: answer never came; they are sent again, with their offset, in the next step).
+    #: How many tokens of the request the server is known to hold (the rest went out in
+    #: steps whose answer never came; they are sent again, with their offset, next step).
     held: int = 0
+    #: The position of ``tokens[0]``: 0 while the ledger keeps the whole text.
+    start: int = 0
+
+    def unconfirmed(self) -> list[int]:
+        """The tokens the server may not hold."""
+        return self.tokens[self.held - self.start :]
+
+    def confirm(self, keep_text: bool) -> None:
+        """The server holds every token; a caller that keeps the text (sends offsets) lets
+        the ledger drop its copy."""
+        self.held = self.start + len(self.tokens)
+        if not keep_text:
+            self.tokens.clear()
+            self.start = self.held
 
 
 class Ledger:
@@ -124,6 +144,7 @@ class _Entry:
         "temperature",
         "offset",
         "fresh",
+        "caller_offset",
     )
 
     def __init__(
@@ -157,6 +178,8 @@ class _Entry:
         self.offset = offset
         #: This step's own new tokens (``new_tokens`` may also re-send unconfirmed ones).
         self.fresh = new_tokens
+        #: The caller sent an offset: it keeps the request's text (see the module's doc).
+        self.caller_offset = offset is not None
 
 
 def _root(tokens: list[int]) -> int:
@@ -227,7 +250,7 @@ class RemoteStep:
             if kind == _TRACKED and tracked is not None:
                 # the ledger knows where the tokens start; unconfirmed ones go out again
                 entry.offset = tracked.held
-                entry.new_tokens = tracked.tokens[tracked.held :] + new
+                entry.new_tokens = tracked.unconfirmed() + new
             elif kind == _RESYNC:
                 entry.offset = None  # restarted from its prompt
             entries.append(entry)
@@ -331,7 +354,7 @@ class RemoteStep:
                         # Restarted from its prompt, with its output as new tokens: it stays
                         # in its group, and its output stays an output.
                         tracked = e.tracked
-                        assert tracked is not None
+                        assert tracked is not None and tracked.start == 0
                         field = "prompt"
                         item.prompt.tokens.extend(tracked.tokens[: tracked.prompt_len])
                         field = "new_tokens"
@@ -400,7 +423,7 @@ class RemoteStep:
             tracked = e.tracked
             if e.kind == _TRACKED and tracked is not None and not e.finished:  # the usual case
                 tracked.tokens.extend(e.fresh)
-                tracked.held = len(tracked.tokens)
+                tracked.confirm(keep_text=not e.caller_offset)
             else:
                 self._applied(e)
             if e.index >= 0:
@@ -429,7 +452,7 @@ class RemoteStep:
         elif e.tracked is not None:  # _TRACKED or _RESYNC
             e.tracked.tokens.extend(e.fresh)
             e.tracked.synced = True
-            e.tracked.held = len(e.tracked.tokens)
+            e.tracked.confirm(keep_text=not e.caller_offset)
             if e.kind == _RESYNC and not e.finished:
                 ledger.resyncs += 1
         if e.finished:
@@ -445,9 +468,14 @@ class RemoteStep:
             # Lost by the server, and over anyway.
             ledger.pending_ends.pop(e.request_id, None)
             ledger.active.pop(e.request_id, None)
-        elif (lost or error.field == "offset") and e.kind == _TRACKED:
+        elif (lost or error.field == "offset") and e.kind == _TRACKED and e.tracked is not None:
             # The server lost a request we track (it restarted), or holds less of it than
-            # we thought: re-send it as a prompt now.
+            # we thought.
+            if e.tracked.start > 0:  # the caller keeps its text: it starts it again
+                ledger.active.pop(e.request_id, None)
+                self._errors.append((e.index, error_from_request_error(error)))
+                return
+            # Re-sent as a prompt now, from the ledger's copy.
             e.kind = _RESYNC
             e.new_tokens, e.offset = e.fresh, None
             resend.append(e)
