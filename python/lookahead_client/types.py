@@ -307,7 +307,16 @@ class DraftBatch(Sequence[DraftTree]):
 
     def trees(self) -> list[DraftTree]:
         """Every tree as a :class:`DraftTree`."""
-        return [self.tree(i) for i in range(len(self))]
+        # one conversion per column, then tuple slices: ~5x cheaper than tree(i) per tree
+        roots, offsets = self.roots.tolist(), self.offsets.tolist()
+        tokens = tuple(self.tokens.tolist())
+        parents = tuple(self.parents.tolist())
+        scores = tuple(self.scores.tolist())
+        new = DraftTree._trusted
+        return [
+            new(roots[i], tokens[a:b], parents[a:b], scores[a:b])
+            for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:], strict=True))
+        ]
 
     def __iter__(self) -> Iterator[DraftTree]:
         return iter(self.trees())

@@ -36,6 +36,7 @@ from lookahead_client._proto.lookahead.v1 import lookahead_pb2 as pb
 from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.remote.fallback import Availability
 from lookahead_client.remote.wire import (
+    Columns,
     StepTimeout,
     describe,
     error_from_request_error,
@@ -49,8 +50,8 @@ __all__ = ["Exchange", "Ledger", "RemoteStep"]
 
 #: One call of a step: the message to send and the seconds left before the step's deadline.
 Exchange = tuple[pb.StepRequest, float]
-#: One request's tree as the server sent it: root, tokens, parents, scores.
-_Columns = tuple[int, tuple[int, ...], tuple[int, ...], tuple[float, ...]]
+#: Where one request's tree is in an answer: its columns, the row, the nodes' start and stop.
+_Answered = tuple[Columns, int, int, int]
 
 _log = logging.getLogger("lookahead_client.remote")
 
@@ -209,9 +210,9 @@ class RemoteStep:
         self._replica = replica
         self._namespace = namespace
         self._step_id = step_id
-        # Each request's tree as the server's columns (root, tokens, parents, scores); None
-        # until answered (an empty tree under the request's last token).
-        self._trees: list[_Columns | None] = [None] * len(requests)
+        # Where each request's tree is in the server's answers; None until answered (an empty
+        # tree under the request's last token).
+        self._trees: list[_Answered | None] = [None] * len(requests)
         self._roots: list[int] = []
         self._errors: list[tuple[int, LookaheadError]] = []
         self._in_flight: list[_Entry] = []
@@ -408,7 +409,7 @@ class RemoteStep:
             self._in_flight = entries
             self.on_unavailable()
             return None
-        roots, sizes, tokens, parents, scores = columns
+        sizes = columns.sizes.tolist()
         errors = {e.index: e for e in response.errors} if len(response.errors) else None
         trees = self._trees
         resend: list[_Entry] = []
@@ -427,12 +428,7 @@ class RemoteStep:
             else:
                 self._applied(e)
             if e.index >= 0:
-                trees[e.index] = (
-                    roots[i],
-                    tokens[start:offset],
-                    parents[start:offset],
-                    scores[start:offset],
-                )
+                trees[e.index] = (columns, i, start, offset)
         return self._message(resend) if resend else None
 
     def _applied(self, e: _Entry) -> None:
@@ -537,16 +533,45 @@ class RemoteStep:
         return batch
 
     def _batch(self, errors: dict[int, LookaheadError]) -> DraftBatch:
-        n = len(self._trees)
-        answered = [
-            t if t is not None else (r, (), (), ())
-            for t, r in zip(self._trees, self._roots, strict=True)
-        ]
+        """The step's trees as one batch: the first answer's columns as they are when it
+        answered every request (the usual step), else gathered tree by tree."""
+        trees, n = self._trees, len(self._trees)
+        first = trees[0] if n else None
+        if (
+            first is not None
+            and first[1] == 0
+            and all(t is not None and t[0] is first[0] for t in trees)
+        ):
+            c, stop = first[0], trees[-1][3]  # type: ignore[index]
+            return DraftBatch(
+                c.roots[:n],
+                c.sizes[:n],
+                c.tokens[:stop],
+                c.parents[:stop],
+                c.scores[:stop],
+                errors=dict(errors),
+            )
+        roots = np.array(self._roots, dtype=np.int64)
+        sizes = np.zeros(n, dtype=np.uint32)
+        pieces: list[tuple[Columns, int, int]] = []
+        for index, t in enumerate(trees):
+            if t is not None:
+                c, row, start, stop = t
+                roots[index] = c.roots[row]
+                sizes[index] = stop - start
+                pieces.append((c, start, stop))
         return DraftBatch(
-            np.fromiter((t[0] for t in answered), dtype=np.int64, count=n),
-            np.fromiter((len(t[1]) for t in answered), dtype=np.uint32, count=n),
-            np.fromiter((x for t in answered for x in t[1]), dtype=np.int64),
-            np.fromiter((x for t in answered for x in t[2]), dtype=np.int32),
-            np.fromiter((x for t in answered for x in t[3]), dtype=np.float32),
+            roots,
+            sizes,
+            _gather(pieces, "tokens", np.int64),
+            _gather(pieces, "parents", np.int32),
+            _gather(pieces, "scores", np.float32),
             errors=dict(errors),
         )
+
+
+def _gather(pieces: list[tuple[Columns, int, int]], column: str, dtype: type) -> np.ndarray:
+    """One column of the trees in ``pieces`` (answer, start, stop), end to end."""
+    if not pieces:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([getattr(c, column)[a:b] for c, a, b in pieces])
