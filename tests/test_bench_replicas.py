@@ -120,6 +120,6 @@ def test_replicas_refuses_bad_configurations_and_one_replica(capsys):
     from lookahead_client.bench.cli import main
 
     assert main(["replicas", "--workload", "w.jsonl", "--configs", "plain,lookahead"]) == 2
-    assert "unknown configuration 'lookahead'" in capsys.readouterr().err
+    assert "unknown configuration lookahead;" in capsys.readouterr().err
     assert main(["replicas", "--workload", "w.jsonl", "--replicas", "1"]) == 2
     assert "--replicas: at least 2" in capsys.readouterr().err

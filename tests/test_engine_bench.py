@@ -321,18 +321,23 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
-    # A stand-in trial module: it writes what the bench told it, and whether the server's
-    # socket was there while it ran.
+def _fake_trial(tmp_path, key: str) -> dict[str, str]:
+    """A stand-in trial module in ``tmp_path`` (and the environment that finds it): it writes
+    its spec's ``key``, the server it was pointed at and whether that server's socket was
+    there while it ran."""
     (tmp_path / "fake_trial.py").write_text(
         "import json, os, sys\n"
         "spec = json.load(open(sys.argv[2]))\n"
         "target = os.environ['TARGET']\n"
         "alive = os.path.exists(target.removeprefix('unix://'))\n"
-        "json.dump({'name': spec['name'], 'target': target, 'alive': alive},"
+        f"json.dump({{{key!r}: spec[{key!r}], 'target': target, 'alive': alive}},"
         " open(spec['out'], 'w'))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
+    env = _fake_trial(tmp_path, "name")
     trial = Trial(0, 0, "lookahead-server")
     [got] = run_trial_processes(
         "fake_trial", trial, {}, env, str(tmp_path), server_env=lambda t: {"TARGET": t}
@@ -344,15 +349,7 @@ def test_a_trial_drafting_from_a_server_gets_a_live_one_of_its_own(tmp_path):
 
 def test_a_cluster_trial_gives_each_engine_its_own_live_sidecar(tmp_path):
     # Two stand-in engines: each writes the server it was pointed at and whether it was up.
-    (tmp_path / "fake_trial.py").write_text(
-        "import json, os, sys\n"
-        "spec = json.load(open(sys.argv[2]))\n"
-        "target = os.environ['TARGET']\n"
-        "alive = os.path.exists(target.removeprefix('unix://'))\n"
-        "json.dump({'engine': spec['engine'], 'target': target, 'alive': alive},"
-        " open(spec['out'], 'w'))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = _fake_trial(tmp_path, "engine")
     trial = Trial(0, 0, "lookahead-cluster")
     got = run_trial_processes(
         "fake_trial",

@@ -542,6 +542,19 @@ def check_server_binary(configs: Sequence[str]) -> None:
                 raise InvalidArgumentError(message, field="configs") from None
 
 
-def config_names(text: str) -> list[str]:
-    """``--configs``: comma-separated names, blanks and repeats dropped, in order."""
-    return list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+def config_names(text: str, known: Iterable[str] | None = None) -> list[str]:
+    """``--configs``: comma-separated names, blanks and repeats dropped, in order.
+
+    Raises:
+        InvalidArgumentError: a name not in ``known`` (when given), ``field="configs"``.
+    """
+    names = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    if known is not None:
+        known = list(known)
+        unknown = [c for c in names if c not in known]
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown configuration {', '.join(unknown)}; known: {', '.join(known)}",
+                field="configs",
+            )
+    return names
