@@ -262,3 +262,29 @@ def test_availability_backs_off_and_logs_transitions_once(
         a.succeeded()
     assert a.up and a.outages == 1 and a.fallback_steps == 4
     assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+
+
+def test_the_batch_carries_what_the_server_says_it_holds_only_when_it_said_it_for_all() -> None:
+    ledger = Ledger()
+    started(ledger, "a", [1, 2, 3])
+    plan = ledger.plan(
+        [StepRequest("a", new_tokens=[4], offset=3), StepRequest("b", prompt=[5, 6])], "ns", 2
+    )
+    response = answer(plan.first_message(), {0: (4, [5])})
+    response.held.extend([4, 2])
+    plan.on_response(response)
+    assert plan.result().held.tolist() == [4, 2]
+    # A refused request holds 0; the others keep the server's count.
+    plan = ledger.plan(
+        [StepRequest("a", new_tokens=[5]), StepRequest("x", new_tokens=[1])], "ns", 3
+    )
+    response = answer(plan.first_message(), errors={1: pb.ERROR_CODE_INVALID_ARGUMENT})
+    response.held.extend([5, 0])
+    plan.on_response(response)
+    with pytest.raises(InvalidArgumentError) as info:
+        plan.result()
+    assert info.value.batch.held.tolist() == [5, 0]
+    # Unanswered (the server was unreachable): nothing is known.
+    plan = ledger.plan([StepRequest("a", new_tokens=[6])], "ns", 4)
+    plan.unavailable_without_trying()
+    assert plan.result().held is None

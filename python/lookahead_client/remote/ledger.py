@@ -534,7 +534,8 @@ class RemoteStep:
 
     def _batch(self, errors: dict[int, LookaheadError]) -> DraftBatch:
         """The step's trees as one batch: the first answer's columns as they are when it
-        answered every request (the usual step), else gathered tree by tree."""
+        answered every request (the usual step), else gathered tree by tree. ``held`` is
+        the server's when every request was answered with it, else None."""
         trees, n = self._trees, len(self._trees)
         first = trees[0] if n else None
         if (
@@ -549,23 +550,34 @@ class RemoteStep:
                 c.tokens[:stop],
                 c.parents[:stop],
                 c.scores[:stop],
+                None if c.held is None else c.held[:n],
                 errors=dict(errors),
             )
         roots = np.array(self._roots, dtype=np.int64)
         sizes = np.zeros(n, dtype=np.uint32)
+        held: np.ndarray | None = np.zeros(n, dtype=np.uint64)
         pieces: list[tuple[Columns, int, int]] = []
         for index, t in enumerate(trees):
-            if t is not None:
-                c, row, start, stop = t
-                roots[index] = c.roots[row]
-                sizes[index] = stop - start
-                pieces.append((c, start, stop))
+            if t is None:
+                if index not in errors:
+                    held = None  # unanswered: what the server holds is not known
+                continue  # refused: the batch's held is 0 there, as the server's
+            c, row, start, stop = t
+            roots[index] = c.roots[row]
+            sizes[index] = stop - start
+            pieces.append((c, start, stop))
+            if held is not None:
+                if c.held is None:
+                    held = None
+                else:
+                    held[index] = c.held[row]
         return DraftBatch(
             roots,
             sizes,
             _gather(pieces, "tokens", np.int64),
             _gather(pieces, "parents", np.int32),
             _gather(pieces, "scores", np.float32),
+            held,
             errors=dict(errors),
         )
 

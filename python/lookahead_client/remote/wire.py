@@ -182,6 +182,8 @@ class Columns(NamedTuple):
     tokens: np.ndarray
     parents: np.ndarray
     scores: np.ndarray
+    #: The tokens each request holds after the step (None: the server did not say).
+    held: np.ndarray | None
 
 
 def response_columns(response: pb.StepResponse, requests: int) -> Columns | None:
@@ -195,6 +197,7 @@ def response_columns(response: pb.StepResponse, requests: int) -> Columns | None
         np.array(response.tokens, dtype=np.int64),
         np.array(response.parents, dtype=np.int32),
         np.array(response.scores, dtype=np.float32),
+        np.array(response.held, dtype=np.uint64) if len(response.held) == requests else None,
     )
     nodes = int(columns.sizes.sum())
     if (
