@@ -227,7 +227,9 @@ class DraftBatch(Sequence[DraftTree]):
     drafter reports it) is the tokens each request holds after the step (0: failed or ended).
 
     Engines read the columns directly (a chain's tokens are ``batch.nodes(i)``); ``batch[i]``
-    (or iterating) gives a :class:`DraftTree` for code that wants one.
+    (or iterating) gives a :class:`DraftTree` for code that wants one. The columns are taken
+    as a drafter writes them (valid trees): trees read back from them are not checked again
+    (:meth:`from_trees` checks its trees).
     """
 
     roots: np.ndarray
