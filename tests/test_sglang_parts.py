@@ -4,7 +4,9 @@ the config and the launcher flags. (``test_sglang.py`` runs them inside SGLang's
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 
 import pytest
 
@@ -275,7 +277,7 @@ def test_guard_treats_a_wrong_number_of_trees_as_a_failure():
 def test_guard_deadline_and_late_answer():
     drafter = _Scripted()
     drafter.action = "block"
-    guard = DraftGuard(drafter, 0.05, first_deadline=0.01)
+    guard = DraftGuard(drafter, 0.01)
     outcome = guard.run(REQS, token="first")
     assert outcome.late and guard.busy and not guard.ready
     assert guard.collect() == []
@@ -349,7 +351,7 @@ def test_plugin_stops_the_process_on_a_bad_config(monkeypatch):
         register()
 
 
-def test_the_embedded_core_is_called_inline_and_other_drafters_behind_a_deadline():
+def test_the_packages_drafters_are_called_inline_and_other_drafters_behind_a_deadline():
     class Embedded(EmbeddedDrafter):
         def step(self, requests, cost=None):
             self.thread = threading.current_thread()
@@ -363,8 +365,34 @@ def test_the_embedded_core_is_called_inline_and_other_drafters_behind_a_deadline
     assert outcome.ok
     assert drafter.thread is threading.current_thread()
     assert guard_for(config, _Scripted()).deadline == 0.02
-    remote = guard_for(LookaheadConfig(target="unix:///nowhere", timeout=0.02), _Scripted())
-    assert remote.deadline > 0.02
+    remote_config = LookaheadConfig(target="unix:///nowhere", timeout=0.02)
+    assert guard_for(remote_config, _Scripted()).deadline == 0.02
+    remote = remote_config.build_drafter(num_slots=8, vocab_size=1000)
+    assert guard_for(remote_config, remote).deadline is None
+    remote.close()
+
+
+def test_an_inline_remote_client_on_a_silent_server_answers_empty_trees_by_its_deadline(
+    tmp_path,
+):
+    # A socket that takes connections and never answers: a stuck server, not a dead one.
+    path = tmp_path / "silent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    config = LookaheadConfig(target=f"unix://{path}", timeout=0.05)
+    drafter = RemoteDrafter(config.target, timeout=config.timeout, connect_timeout=0.2)
+    guard = guard_for(config, drafter)
+    requests = [StepRequest("a", prompt=[1, 2, 3], budget=4)]
+    try:
+        for expected_bound in (0.2, 0.05, 0.05):  # the first call connects
+            t0 = time.monotonic()
+            outcome = guard.run(requests)
+            assert time.monotonic() - t0 < expected_bound + 0.5
+            assert outcome.ok and all(len(tree) == 0 for tree in outcome.batch)
+    finally:
+        drafter.close()
+        listener.close()
 
 
 def test_config_builds_the_drafter_it_describes():

@@ -104,7 +104,6 @@ def make(recorder: Recorder, sizing: bool = False) -> LookaheadProposer:
     proposer = LookaheadProposer(vllm_config, LookaheadConfig(sizing=sizing))
     proposer.guard.drafter = recorder
     proposer.guard.deadline = None  # inline, so that the test is deterministic
-    proposer.guard._next_deadline = None
     return proposer
 
 
