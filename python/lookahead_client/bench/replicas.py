@@ -47,7 +47,7 @@ from .engine_bench import (
     workload_prompts_by_stem,
 )
 from .rounds import schedule
-from .sharing import PASSES, EngineRun, Plan, as_passes, pick_groups, plan_samples, plan_traffic
+from .sharing import PASSES, EngineRun, Plan, as_passes, plan_groups, plan_samples
 from .vllm_engine import CLUSTER, run_engines, sample_counts
 
 __all__ = ["CONFIGS", "add_replicas_parser", "replicas_table", "run_replicas"]
@@ -111,7 +111,7 @@ def plan_replicas(
 ) -> dict[str, Plan]:
     """Per workload, its two passes (``first``, ``repeat``) as a plan of :mod:`.sharing`:
     rollouts (a stem in ``samples``) by :func:`.sharing.plan_samples` over ``per_half``
-    distinct prompts of each half, the others by :func:`.sharing.plan_traffic` over
+    distinct prompts of each half, the others by :func:`.sharing.plan_groups` over
     ``per_half`` groups of each half.
 
     Raises:
@@ -129,14 +129,8 @@ def plan_replicas(
                 raise InvalidArgumentError(f"workload {stem} has no prompt", field="workload")
             traffic[stem] = plan_samples(chosen, samples[stem], replicas, temperature)
         else:
-            groups = pick_groups(prompts, per_half)
-            if not groups:
-                raise InvalidArgumentError(
-                    f"workload {stem} has no group of two distinct prompts: a greedy workload "
-                    f"needs groups (or give it --n {stem}=N to sample it)",
-                    field="workload",
-                )
-            traffic[stem] = as_passes(plan_traffic(groups, replicas))
+            why = f": a greedy workload needs groups (or give it --n {stem}=N to sample it)"
+            traffic[stem] = as_passes(plan_groups(stem, prompts, per_half, replicas, why))
     return traffic
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "describe_kind",
     "merge_engine_results",
     "pick_groups",
+    "plan_groups",
     "plan_samples",
     "plan_traffic",
     "plan_workloads",
@@ -166,17 +167,28 @@ def plan_workloads(
         InvalidArgumentError: a workload without a group of two distinct prompts (of at most
             ``max_prompt_tokens`` tokens, the limit the prompts were read with).
     """
-    traffic = {}
-    for stem, prompts in prompts_by_stem.items():
-        groups = pick_groups(prompts, per_half)
-        if not groups:
-            raise InvalidArgumentError(
-                f"workload {stem} has no group of two distinct prompts (of at most "
-                f"{max_prompt_tokens} tokens): --engines needs groups",
-                field="workload",
-            )
-        traffic[stem] = plan_traffic(groups, engines)
-    return traffic
+    why = f" (of at most {max_prompt_tokens} tokens): --engines needs groups"
+    return {
+        stem: plan_groups(stem, prompts, per_half, engines, why)
+        for stem, prompts in prompts_by_stem.items()
+    }
+
+
+def plan_groups(
+    stem: str, prompts: Sequence[dict[str, Any]], per_half: int, engines: int, why: str
+) -> Plan:
+    """The plan of :func:`plan_traffic` for ``per_half`` groups of each half of one workload.
+
+    Raises:
+        InvalidArgumentError: the workload has no group of two distinct prompts (``why``
+            ends the message).
+    """
+    groups = pick_groups(prompts, per_half)
+    if not groups:
+        raise InvalidArgumentError(
+            f"workload {stem} has no group of two distinct prompts{why}", field="workload"
+        )
+    return plan_traffic(groups, engines)
 
 
 def requests_per_engine(traffic: Mapping[str, Plan], engines: int) -> int:

@@ -49,6 +49,18 @@ LAYOUTS = ("padded", "ragged")
 _DEPTH_EDGES = np.asarray([1, 2, 3, 4, 5, 6, 8, 11, 16])
 
 
+def _check_prior(prior_weight: float, forgetting: float) -> None:
+    """Refuses a prior weight or a forgetting factor out of range, naming the field."""
+    if not prior_weight > 0:
+        raise InvalidArgumentError(
+            f"prior_weight must be > 0, got {prior_weight}", field="prior_weight"
+        )
+    if not 0.0 < forgetting <= 1.0:
+        raise InvalidArgumentError(
+            f"forgetting must be in (0, 1], got {forgetting}", field="forgetting"
+        )
+
+
 class AcceptanceCalibration:
     """Realised versus predicted acceptance of draft nodes, learnt online.
 
@@ -84,14 +96,7 @@ class AcceptanceCalibration:
             raise InvalidArgumentError(
                 f"score_bins must be >= 1, got {score_bins}", field="score_bins"
             )
-        if not prior_weight > 0:
-            raise InvalidArgumentError(
-                f"prior_weight must be > 0, got {prior_weight}", field="prior_weight"
-            )
-        if not 0.0 < forgetting <= 1.0:
-            raise InvalidArgumentError(
-                f"forgetting must be in (0, 1], got {forgetting}", field="forgetting"
-            )
+        _check_prior(prior_weight, forgetting)
         self.score_bins = score_bins
         self.prior_weight = prior_weight
         self.forgetting = forgetting
@@ -196,14 +201,7 @@ class RequestCorrection:
     def __init__(
         self, *, prior_weight: float = 2.0, forgetting: float = 0.9, max_requests: int = 65536
     ) -> None:
-        if not prior_weight > 0:
-            raise InvalidArgumentError(
-                f"prior_weight must be > 0, got {prior_weight}", field="prior_weight"
-            )
-        if not 0.0 < forgetting <= 1.0:
-            raise InvalidArgumentError(
-                f"forgetting must be in (0, 1], got {forgetting}", field="forgetting"
-            )
+        _check_prior(prior_weight, forgetting)
         if max_requests < 1:
             raise InvalidArgumentError(
                 f"max_requests must be >= 1, got {max_requests}", field="max_requests"
