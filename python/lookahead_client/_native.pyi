@@ -19,8 +19,8 @@ _RawTree = tuple[int, list[int], list[int], list[float]]
 _StepItem = tuple[
     str, list[int] | None, list[int], int, bool, int, str | None, int, float, int | None
 ]
-#: (tokens, seconds, padded, base_tokens, explore_every)
-_Cost = tuple[list[int], list[float], bool, int, int]
+#: (tokens, seconds, padded, base_tokens, explore_every, acceptance)
+_Cost = tuple[list[int], list[float], bool, int, int, float]
 #: (roots, sizes, tokens, parents, scores, held, [(index, exception)])
 _StepColumns = tuple[
     np.ndarray,

@@ -45,6 +45,10 @@ class EngineCost:
         base_tokens: tokens the step verifies without drafts (0: one per request).
         explore_every: every this many steps, draft one token beyond the best choice so the
             curve stays measured where the choice is made (0: never).
+        acceptance: what the engine measured of the drafter's scores (accepted over expected
+            draft tokens on its recent steps, :attr:`RequestBook.acceptance
+            <lookahead_client.engine.book.RequestBook.acceptance>`); the choice weighs every
+            score by it. Finite and >= 0; 1 (or 0) takes the scores as they are.
     """
 
     tokens: tuple[int, ...]
@@ -52,8 +56,9 @@ class EngineCost:
     padded: bool = False
     base_tokens: int = 0
     explore_every: int = 0
+    acceptance: float = 1.0
 
-    def as_tuple(self) -> tuple[list[int], list[float], bool, int, int]:
+    def as_tuple(self) -> tuple[list[int], list[float], bool, int, int, float]:
         """The form the native drafter takes."""
         return (
             [int(t) for t in self.tokens],
@@ -61,6 +66,7 @@ class EngineCost:
             bool(self.padded),
             int(self.base_tokens),
             int(self.explore_every),
+            float(self.acceptance),
         )
 
 

@@ -35,6 +35,12 @@ __all__ = ["RequestView", "StepPlan", "RequestBook"]
 _MAX_FAILURES = 2
 # The most finishes kept for a drafter that keeps failing (the oldest are dropped).
 _MAX_OWED_ENDS = 4096
+# The recent acceptance (RequestBook.acceptance): each fed tree's outcome is weighed down by
+# this per tree after it (about the last 100 trees count), from a prior of a few expected
+# tokens all accepted; never below the floor, which would take every draft away for good.
+_ACCEPTANCE_MEMORY = 0.99
+_ACCEPTANCE_PRIOR = 4.0
+_ACCEPTANCE_FLOOR = 0.05
 
 
 def _ints(piece: Tokens) -> list[int]:
@@ -163,6 +169,16 @@ class RequestBook:
         #: calibration is good when the two agree).
         self.accepted_drafts = 0
         self.expected_drafts = 0.0
+        self._recent = [_ACCEPTANCE_PRIOR, _ACCEPTANCE_PRIOR]  # accepted, expected
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted over expected draft tokens of the recently fed trees (recent ones weigh
+        most; 1 before any outcome): how far the drafter's scores hold for this engine. The
+        engines hand it to the drafter's sizing with the step's cost
+        (:attr:`~lookahead_client.types.EngineCost.acceptance`)."""
+        accepted, expected = self._recent
+        return max(accepted / expected, _ACCEPTANCE_FLOOR)
 
     def __len__(self) -> int:
         return len(self._tracked)
@@ -233,6 +249,10 @@ class RequestBook:
             else:
                 self.accepted_drafts += accepted
                 self.expected_drafts += t.fed_expected
+                if t.fed_expected > 0:
+                    recent = self._recent
+                    recent[0] = _ACCEPTANCE_MEMORY * recent[0] + accepted
+                    recent[1] = _ACCEPTANCE_MEMORY * recent[1] + t.fed_expected
             plan.requests.append(
                 StepRequest(
                     t.drafter_id,

@@ -18,6 +18,7 @@ Only step 3 differs between engines (SGLang's slot arrays, vLLM's chains).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,10 +83,13 @@ class DraftSession:
 
     def draft(self, views: Sequence[RequestView], cost: EngineCost | None = None) -> Drafts | None:
         """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
-        the step has none to use."""
+        the step has none to use. A ``cost`` goes to the drafter with this engine's measured
+        acceptance of its scores (:attr:`RequestBook.acceptance`)."""
         plan = self.book.plan(views)
         if not plan.requests:
             return None
+        if cost is not None:
+            cost = dataclasses.replace(cost, acceptance=self.book.acceptance)
         outcome = self.guard.run(plan.requests, token=plan, cost=cost)
         if outcome.late:
             return None  # committed by a later begin(), when it comes in

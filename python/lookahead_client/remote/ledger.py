@@ -333,6 +333,7 @@ class RemoteStep:
             message.cost.padded = cost.padded
             message.cost.base_tokens = cost.base_tokens
             message.cost.explore_every = cost.explore_every
+            message.cost.acceptance = cost.acceptance
         add = message.requests.add
         pending_ends = self._ledger.pending_ends
         for e in entries:

@@ -168,6 +168,7 @@ fn native_step(c: &mut Criterion) {
         layout: Layout::Ragged,
         base_tokens: 0,
         explore_every: 32,
+        acceptance: 1.0,
     };
     let mut group = c.benchmark_group("native_step");
     for batch in [1usize, 32, 64] {

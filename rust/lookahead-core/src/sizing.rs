@@ -74,6 +74,9 @@ pub enum CostError {
         /// Its value.
         value: f64,
     },
+    /// The acceptance scale is not finite and >= 0.
+    #[error("cost.acceptance = {0} must be finite and >= 0 (0: the scores as they are)")]
+    Acceptance(f64),
 }
 
 impl CostError {
@@ -82,6 +85,7 @@ impl CostError {
         match self {
             Self::Empty | Self::Tokens { .. } => "cost.tokens",
             Self::Lengths { .. } | Self::Seconds { .. } => "cost.seconds",
+            Self::Acceptance(_) => "cost.acceptance",
         }
     }
 }
@@ -156,18 +160,26 @@ pub struct StepCost {
     pub base_tokens: u32,
     /// Every this many costed steps, draft a little beyond the best choice (0: never).
     pub explore_every: u32,
+    /// What the engine measured of the scores: accepted over expected draft tokens on its
+    /// recent steps. Sizing weighs every score by it (1: the scores as they are).
+    pub acceptance: f64,
 }
 
 impl StepCost {
     /// A step's cost from its parts as the proto's `EngineCost` carries them (`padded`: every
-    /// row verifies as many slots as the widest); the curve checked as [`CostCurve::new`] does.
+    /// row verifies as many slots as the widest; `acceptance` 0: 1); the curve checked as
+    /// [`CostCurve::new`] does.
     pub fn new(
         tokens: Vec<u32>,
         seconds: Vec<f64>,
         padded: bool,
         base_tokens: u32,
         explore_every: u32,
+        acceptance: f64,
     ) -> Result<Self, CostError> {
+        if !(acceptance.is_finite() && acceptance >= 0.0) {
+            return Err(CostError::Acceptance(acceptance));
+        }
         Ok(Self {
             curve: CostCurve::new(tokens, seconds)?,
             layout: if padded {
@@ -177,6 +189,7 @@ impl StepCost {
             },
             base_tokens,
             explore_every,
+            acceptance: if acceptance == 0.0 { 1.0 } else { acceptance },
         })
     }
 }

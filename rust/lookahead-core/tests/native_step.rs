@@ -33,6 +33,7 @@ fn cost(curve: CostCurve, layout: Layout) -> StepCost {
         layout,
         base_tokens: 0,
         explore_every: 0,
+        acceptance: 1.0,
     }
 }
 
@@ -108,6 +109,35 @@ fn sized_drafts_keep_their_best_nodes() {
     }
     let weakest_kept = sized.scores.iter().copied().fold(1.0f32, f32::min);
     assert!(sized.is_empty() || weakest_kept > 0.1, "{sized:?}");
+}
+
+#[test]
+fn the_engines_measured_acceptance_weighs_the_scores() {
+    // a draft token costs a tenth of a step: the cut moves with how far scores are believed
+    let curve = CostCurve::new(vec![1, 101], vec![1.0, 11.0]).unwrap();
+    let sized = |acceptance: f64| {
+        let d = started(&["a"]);
+        let mut weighed = cost(curve.clone(), Layout::Ragged);
+        weighed.acceptance = acceptance;
+        let items = [item("a", DraftShape::SizedTree, 32, 0.0)];
+        d.step_costed(&items, &weighed).remove(0).unwrap().len()
+    };
+    // the repetitive text's nodes score 0.8 to 0.96: all pay at face value; weighed by 0.12
+    // the weakest no longer do; at 5% none does
+    let (believed, doubted, distrusted) = (sized(1.0), sized(0.12), sized(0.05));
+    assert_eq!(believed, 7, "confident drafts pay at face value");
+    assert!(
+        0 < doubted && doubted < believed,
+        "{doubted} of 7 nodes kept at 0.12"
+    );
+    assert_eq!(
+        distrusted, 0,
+        "no node is worth a tenth of a step at 5% of its score"
+    );
+    let bad = StepCost::new(vec![1], vec![1.0], false, 0, 0, f64::NAN).unwrap_err();
+    assert_eq!(bad.field(), "cost.acceptance");
+    let unset = StepCost::new(vec![1], vec![1.0], false, 0, 0, 0.0).unwrap();
+    assert_eq!(unset.acceptance, 1.0);
 }
 
 /// Starts a request with the repetitive prompt, drafts a chain at `temperature`, and appends

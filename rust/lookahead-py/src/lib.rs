@@ -77,8 +77,9 @@ type PyStepItem = (
     Option<usize>,
 );
 
-/// A step's cost as Python passes it: `(tokens, seconds, padded, base_tokens, explore_every)`.
-type PyCost = (Vec<u32>, Vec<f64>, bool, u32, u32);
+/// A step's cost as Python passes it:
+/// `(tokens, seconds, padded, base_tokens, explore_every, acceptance)`.
+type PyCost = (Vec<u32>, Vec<f64>, bool, u32, u32, f64);
 
 /// One request of a step, as converted from Python.
 struct OwnedItem {
@@ -104,9 +105,16 @@ fn shape(py: Python<'_>, value: u8) -> PyResult<DraftShape> {
 
 /// The step cost from its Python tuple, refused naming the bad field.
 fn step_cost(py: Python<'_>, cost: PyCost) -> PyResult<StepCost> {
-    let (tokens, seconds, padded, base_tokens, explore_every) = cost;
-    StepCost::new(tokens, seconds, padded, base_tokens, explore_every)
-        .map_err(|e| typed_error(py, "InvalidArgumentError", e.to_string(), e.field()))
+    let (tokens, seconds, padded, base_tokens, explore_every, acceptance) = cost;
+    StepCost::new(
+        tokens,
+        seconds,
+        padded,
+        base_tokens,
+        explore_every,
+        acceptance,
+    )
+    .map_err(|e| typed_error(py, "InvalidArgumentError", e.to_string(), e.field()))
 }
 
 /// A config error as `InvalidArgumentError` naming the field.
@@ -268,10 +276,10 @@ impl NativeDrafter {
     /// One engine step. `items` holds tuples `(request_id, prompt or None, new_tokens,
     /// accepted_last (-1: unknown), finished, budget, group or None, shape, temperature,
     /// offset or None)`;
-    /// `cost` is None or `(tokens, seconds, padded, base_tokens, explore_every)`. Returns
-    /// `(roots, sizes, tokens, parents, scores, held, errors)`: the trees as NumPy columns (a
-    /// failed item has root -1 and size 0), the tokens each request holds after the step (0:
-    /// failed or ended), and `[(index, exception)]` for the items that failed.
+    /// `cost` is None or `(tokens, seconds, padded, base_tokens, explore_every, acceptance)`.
+    /// Returns `(roots, sizes, tokens, parents, scores, held, errors)`: the trees as NumPy
+    /// columns (a failed item has root -1 and size 0), the tokens each request holds after
+    /// the step (0: failed or ended), and `[(index, exception)]` for the items that failed.
     #[pyo3(signature = (items, cost=None))]
     fn step<'py>(
         &self,

@@ -267,6 +267,7 @@ fn step_cost(cost: &EngineCost) -> Result<StepCost, Refusal> {
         cost.padded,
         cost.base_tokens,
         cost.explore_every,
+        cost.acceptance,
     )
     .map_err(|e| Refusal {
         code: tonic::Code::InvalidArgument,
@@ -484,8 +485,18 @@ mod tests {
         request.requests.truncate(1);
         request.requests[0].prompt = None;
         request.requests[0].new_tokens = vec![11];
-        let refusal = run_step(&set, &limits(), request).expect_err("refused");
+        let refusal = run_step(&set, &limits(), request.clone()).expect_err("refused");
         assert_eq!(refusal.field, "cost.seconds");
+        assert_eq!(refusal.code, tonic::Code::InvalidArgument);
+        // so does an acceptance scale below zero
+        request.cost = Some(EngineCost {
+            tokens: vec![1, 2],
+            seconds: vec![1.0, 2.0],
+            acceptance: -0.5,
+            ..EngineCost::default()
+        });
+        let refusal = run_step(&set, &limits(), request).expect_err("refused");
+        assert_eq!(refusal.field, "cost.acceptance");
         assert_eq!(refusal.code, tonic::Code::InvalidArgument);
     }
 

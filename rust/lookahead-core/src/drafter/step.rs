@@ -76,10 +76,16 @@ impl Drafter {
         if sized.is_empty() {
             return;
         }
+        // the engine's measured acceptance of the scores weighs them (1 without a cost)
+        let weight = cost.map_or(1.0, |c| c.acceptance as f32);
         let gains: Vec<Vec<f32>> = sized
             .iter()
             .map(|&i| match &results[i] {
-                Ok(drafted) => drafted.tree.best_first_scores(),
+                Ok(drafted) => {
+                    let mut scores = drafted.tree.best_first_scores();
+                    scores.iter_mut().for_each(|s| *s *= weight);
+                    scores
+                }
                 Err(_) => Vec::new(),
             })
             .collect();

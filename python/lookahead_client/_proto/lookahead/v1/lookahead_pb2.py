@@ -24,43 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4lookahead_client/_proto/lookahead/v1/lookahead.proto\x12\x0clookahead.v1\"\x1b\n\tTokenList\x12\x0e\n\x06tokens\x18\x01 \x03(\x03\"\x97\x01\n\x0bStepRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12+\n\x08requests\x18\x03 \x03(\x0b\x32\x19.lookahead.v1.RequestStep\x12&\n\x04\x63ost\x18\x04 \x01(\x0b\x32\x18.lookahead.v1.EngineCost\x12\x0f\n\x07replica\x18\x05 \x01(\t\"i\n\nEngineCost\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x0f\n\x07seconds\x18\x02 \x03(\x01\x12\x0e\n\x06padded\x18\x03 \x01(\x08\x12\x13\n\x0b\x62\x61se_tokens\x18\x04 \x01(\r\x12\x15\n\rexplore_every\x18\x05 \x01(\r\"\xaa\x02\n\x0bRequestStep\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.lookahead.v1.TokenList\x12\x12\n\nnew_tokens\x18\x03 \x03(\x03\x12\x1a\n\raccepted_last\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x0e\n\x06\x62udget\x18\x06 \x01(\x05\x12\r\n\x05reset\x18\x07 \x01(\x08\x12\r\n\x05group\x18\x08 \x01(\t\x12\'\n\x05shape\x18\t \x01(\x0e\x32\x18.lookahead.v1.DraftShape\x12\x13\n\x0btemperature\x18\n \x01(\x02\x12\x13\n\x06offset\x18\x0b \x01(\x04H\x01\x88\x01\x01\x42\x10\n\x0e_accepted_lastB\t\n\x07_offset\"\xd3\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\r\n\x05roots\x18\x02 \x03(\x03\x12\r\n\x05sizes\x18\x03 \x03(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x03\x12\x0f\n\x07parents\x18\x05 \x03(\x11\x12\x0e\n\x06scores\x18\x06 \x03(\x02\x12*\n\x06\x65rrors\x18\x07 \x03(\x0b\x32\x1a.lookahead.v1.RequestError\x12\x0c\n\x04held\x18\t \x03(\x04\x12)\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x1a.lookahead.v1.RequestError\"d\n\x0cRequestError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.lookahead.v1.ErrorCode\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\"N\n\rIngestRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12*\n\tdocuments\x18\x02 \x03(\x0b\x32\x17.lookahead.v1.TokenList\"F\n\x0eIngestResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\"!\n\x0cStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xb5\x03\n\rStatsResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x04\x12\x12\n\ntrie_nodes\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x05 \x01(\x04\x12\x15\n\revicted_nodes\x18\x06 \x01(\x04\x12\x17\n\x0ftokens_ingested\x18\x07 \x01(\x04\x12\x0e\n\x06\x64rafts\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_nodes\x18\t \x01(\x04\x12\x19\n\x11\x61\x63\x63\x65pted_reported\x18\n \x01(\x04\x12\x16\n\x0esteps_reported\x18\x0b \x01(\x04\x12\x1b\n\x13trie_bytes_per_node\x18\x0c \x01(\x01\x12\x15\n\ractive_groups\x18\r \x01(\x04\x12\x13\n\x0bgroup_bytes\x18\x0e \x01(\x04\x12\x12\n\nsized_away\x18\x0f \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65pted_cross_replica\x18\x10 \x01(\x04\x12,\n\x08replicas\x18\x11 \x03(\x0b\x32\x1a.lookahead.v1.ReplicaStats\"Z\n\x0cReplicaStats\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x19\n\x11\x61\x63\x63\x65pted_reported\x18\x02 \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65pted_cross_replica\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xe7\x01\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x04\x12\x12\n\nmax_budget\x18\x03 \x01(\r\x12\x11\n\tmax_ngram\x18\x04 \x01(\r\x12\x1d\n\x15max_requests_per_step\x18\x05 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x16\n\x0emax_namespaces\x18\x07 \x01(\r\x12%\n\x1dnamespace_memory_budget_bytes\x18\x08 \x01(\x04\x12\x12\n\nnamespaces\x18\t \x03(\t*r\n\nDraftShape\x12\x14\n\x10\x44RAFT_SHAPE_TREE\x10\x00\x12\x15\n\x11\x44RAFT_SHAPE_CHAIN\x10\x01\x12\x1a\n\x16\x44RAFT_SHAPE_SIZED_TREE\x10\x02\x12\x1b\n\x17\x44RAFT_SHAPE_SIZED_CHAIN\x10\x03*\xb2\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1e\n\x1a\x45RROR_CODE_UNKNOWN_REQUEST\x10\x02\x12%\n!ERROR_CODE_REQUEST_ALREADY_ACTIVE\x10\x03\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x04\x32\xdb\x02\n\tLookahead\x12=\n\x04Step\x12\x19.lookahead.v1.StepRequest\x1a\x1a.lookahead.v1.StepResponse\x12G\n\nStepStream\x12\x19.lookahead.v1.StepRequest\x1a\x1a.lookahead.v1.StepResponse(\x01\x30\x01\x12\x45\n\x06Ingest\x12\x1b.lookahead.v1.IngestRequest\x1a\x1c.lookahead.v1.IngestResponse(\x01\x12@\n\x05Stats\x12\x1a.lookahead.v1.StatsRequest\x1a\x1b.lookahead.v1.StatsResponse\x12=\n\x04Info\x12\x19.lookahead.v1.InfoRequest\x1a\x1a.lookahead.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4lookahead_client/_proto/lookahead/v1/lookahead.proto\x12\x0clookahead.v1\"\x1b\n\tTokenList\x12\x0e\n\x06tokens\x18\x01 \x03(\x03\"\x97\x01\n\x0bStepRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12+\n\x08requests\x18\x03 \x03(\x0b\x32\x19.lookahead.v1.RequestStep\x12&\n\x04\x63ost\x18\x04 \x01(\x0b\x32\x18.lookahead.v1.EngineCost\x12\x0f\n\x07replica\x18\x05 \x01(\t\"}\n\nEngineCost\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x0f\n\x07seconds\x18\x02 \x03(\x01\x12\x0e\n\x06padded\x18\x03 \x01(\x08\x12\x13\n\x0b\x62\x61se_tokens\x18\x04 \x01(\r\x12\x15\n\rexplore_every\x18\x05 \x01(\r\x12\x12\n\nacceptance\x18\x06 \x01(\x01\"\xaa\x02\n\x0bRequestStep\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06prompt\x18\x02 \x01(\x0b\x32\x17.lookahead.v1.TokenList\x12\x12\n\nnew_tokens\x18\x03 \x03(\x03\x12\x1a\n\raccepted_last\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x0e\n\x06\x62udget\x18\x06 \x01(\x05\x12\r\n\x05reset\x18\x07 \x01(\x08\x12\r\n\x05group\x18\x08 \x01(\t\x12\'\n\x05shape\x18\t \x01(\x0e\x32\x18.lookahead.v1.DraftShape\x12\x13\n\x0btemperature\x18\n \x01(\x02\x12\x13\n\x06offset\x18\x0b \x01(\x04H\x01\x88\x01\x01\x42\x10\n\x0e_accepted_lastB\t\n\x07_offset\"\xd3\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\r\n\x05roots\x18\x02 \x03(\x03\x12\r\n\x05sizes\x18\x03 \x03(\r\x12\x0e\n\x06tokens\x18\x04 \x03(\x03\x12\x0f\n\x07parents\x18\x05 \x03(\x11\x12\x0e\n\x06scores\x18\x06 \x03(\x02\x12*\n\x06\x65rrors\x18\x07 \x03(\x0b\x32\x1a.lookahead.v1.RequestError\x12\x0c\n\x04held\x18\t \x03(\x04\x12)\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x1a.lookahead.v1.RequestError\"d\n\x0cRequestError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.lookahead.v1.ErrorCode\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\r\"N\n\rIngestRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12*\n\tdocuments\x18\x02 \x03(\x0b\x32\x17.lookahead.v1.TokenList\"F\n\x0eIngestResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x04\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\"!\n\x0cStatsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"\xb5\x03\n\rStatsResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_requests\x18\x02 \x01(\x04\x12\x12\n\ntrie_nodes\x18\x03 \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x05 \x01(\x04\x12\x15\n\revicted_nodes\x18\x06 \x01(\x04\x12\x17\n\x0ftokens_ingested\x18\x07 \x01(\x04\x12\x0e\n\x06\x64rafts\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_nodes\x18\t \x01(\x04\x12\x19\n\x11\x61\x63\x63\x65pted_reported\x18\n \x01(\x04\x12\x16\n\x0esteps_reported\x18\x0b \x01(\x04\x12\x1b\n\x13trie_bytes_per_node\x18\x0c \x01(\x01\x12\x15\n\ractive_groups\x18\r \x01(\x04\x12\x13\n\x0bgroup_bytes\x18\x0e \x01(\x04\x12\x12\n\nsized_away\x18\x0f \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65pted_cross_replica\x18\x10 \x01(\x04\x12,\n\x08replicas\x18\x11 \x03(\x0b\x32\x1a.lookahead.v1.ReplicaStats\"Z\n\x0cReplicaStats\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x19\n\x11\x61\x63\x63\x65pted_reported\x18\x02 \x01(\x04\x12\x1e\n\x16\x61\x63\x63\x65pted_cross_replica\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xe7\x01\n\x0cInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x04\x12\x12\n\nmax_budget\x18\x03 \x01(\r\x12\x11\n\tmax_ngram\x18\x04 \x01(\r\x12\x1d\n\x15max_requests_per_step\x18\x05 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x04\x12\x16\n\x0emax_namespaces\x18\x07 \x01(\r\x12%\n\x1dnamespace_memory_budget_bytes\x18\x08 \x01(\x04\x12\x12\n\nnamespaces\x18\t \x03(\t*r\n\nDraftShape\x12\x14\n\x10\x44RAFT_SHAPE_TREE\x10\x00\x12\x15\n\x11\x44RAFT_SHAPE_CHAIN\x10\x01\x12\x1a\n\x16\x44RAFT_SHAPE_SIZED_TREE\x10\x02\x12\x1b\n\x17\x44RAFT_SHAPE_SIZED_CHAIN\x10\x03*\xb2\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x1e\n\x1a\x45RROR_CODE_UNKNOWN_REQUEST\x10\x02\x12%\n!ERROR_CODE_REQUEST_ALREADY_ACTIVE\x10\x03\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x04\x32\xdb\x02\n\tLookahead\x12=\n\x04Step\x12\x19.lookahead.v1.StepRequest\x1a\x1a.lookahead.v1.StepResponse\x12G\n\nStepStream\x12\x19.lookahead.v1.StepRequest\x1a\x1a.lookahead.v1.StepResponse(\x01\x30\x01\x12\x45\n\x06Ingest\x12\x1b.lookahead.v1.IngestRequest\x1a\x1c.lookahead.v1.IngestResponse(\x01\x12@\n\x05Stats\x12\x1a.lookahead.v1.StatsRequest\x1a\x1b.lookahead.v1.StatsResponse\x12=\n\x04Info\x12\x19.lookahead.v1.InfoRequest\x1a\x1a.lookahead.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lookahead_client._proto.lookahead.v1.lookahead_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSHAPE']._serialized_start=1945
-  _globals['_DRAFTSHAPE']._serialized_end=2059
-  _globals['_ERRORCODE']._serialized_start=2062
-  _globals['_ERRORCODE']._serialized_end=2240
+  _globals['_DRAFTSHAPE']._serialized_start=1965
+  _globals['_DRAFTSHAPE']._serialized_end=2079
+  _globals['_ERRORCODE']._serialized_start=2082
+  _globals['_ERRORCODE']._serialized_end=2260
   _globals['_TOKENLIST']._serialized_start=70
   _globals['_TOKENLIST']._serialized_end=97
   _globals['_STEPREQUEST']._serialized_start=100
   _globals['_STEPREQUEST']._serialized_end=251
   _globals['_ENGINECOST']._serialized_start=253
-  _globals['_ENGINECOST']._serialized_end=358
-  _globals['_REQUESTSTEP']._serialized_start=361
-  _globals['_REQUESTSTEP']._serialized_end=659
-  _globals['_STEPRESPONSE']._serialized_start=662
-  _globals['_STEPRESPONSE']._serialized_end=873
-  _globals['_REQUESTERROR']._serialized_start=875
-  _globals['_REQUESTERROR']._serialized_end=975
-  _globals['_INGESTREQUEST']._serialized_start=977
-  _globals['_INGESTREQUEST']._serialized_end=1055
-  _globals['_INGESTRESPONSE']._serialized_start=1057
-  _globals['_INGESTRESPONSE']._serialized_end=1127
-  _globals['_STATSREQUEST']._serialized_start=1129
-  _globals['_STATSREQUEST']._serialized_end=1162
-  _globals['_STATSRESPONSE']._serialized_start=1165
-  _globals['_STATSRESPONSE']._serialized_end=1602
-  _globals['_REPLICASTATS']._serialized_start=1604
-  _globals['_REPLICASTATS']._serialized_end=1694
-  _globals['_INFOREQUEST']._serialized_start=1696
-  _globals['_INFOREQUEST']._serialized_end=1709
-  _globals['_INFORESPONSE']._serialized_start=1712
-  _globals['_INFORESPONSE']._serialized_end=1943
-  _globals['_LOOKAHEAD']._serialized_start=2243
-  _globals['_LOOKAHEAD']._serialized_end=2590
+  _globals['_ENGINECOST']._serialized_end=378
+  _globals['_REQUESTSTEP']._serialized_start=381
+  _globals['_REQUESTSTEP']._serialized_end=679
+  _globals['_STEPRESPONSE']._serialized_start=682
+  _globals['_STEPRESPONSE']._serialized_end=893
+  _globals['_REQUESTERROR']._serialized_start=895
+  _globals['_REQUESTERROR']._serialized_end=995
+  _globals['_INGESTREQUEST']._serialized_start=997
+  _globals['_INGESTREQUEST']._serialized_end=1075
+  _globals['_INGESTRESPONSE']._serialized_start=1077
+  _globals['_INGESTRESPONSE']._serialized_end=1147
+  _globals['_STATSREQUEST']._serialized_start=1149
+  _globals['_STATSREQUEST']._serialized_end=1182
+  _globals['_STATSRESPONSE']._serialized_start=1185
+  _globals['_STATSRESPONSE']._serialized_end=1622
+  _globals['_REPLICASTATS']._serialized_start=1624
+  _globals['_REPLICASTATS']._serialized_end=1714
+  _globals['_INFOREQUEST']._serialized_start=1716
+  _globals['_INFOREQUEST']._serialized_end=1729
+  _globals['_INFORESPONSE']._serialized_start=1732
+  _globals['_INFORESPONSE']._serialized_end=1963
+  _globals['_LOOKAHEAD']._serialized_start=2263
+  _globals['_LOOKAHEAD']._serialized_end=2610
 # @@protoc_insertion_point(module_scope)

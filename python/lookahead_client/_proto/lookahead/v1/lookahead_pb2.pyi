@@ -52,18 +52,20 @@ class StepRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., step_id: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestStep, _Mapping]]] = ..., cost: _Optional[_Union[EngineCost, _Mapping]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class EngineCost(_message.Message):
-    __slots__ = ("tokens", "seconds", "padded", "base_tokens", "explore_every")
+    __slots__ = ("tokens", "seconds", "padded", "base_tokens", "explore_every", "acceptance")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     PADDED_FIELD_NUMBER: _ClassVar[int]
     BASE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPLORE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     seconds: _containers.RepeatedScalarFieldContainer[float]
     padded: bool
     base_tokens: int
     explore_every: int
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., seconds: _Optional[_Iterable[float]] = ..., padded: _Optional[bool] = ..., base_tokens: _Optional[int] = ..., explore_every: _Optional[int] = ...) -> None: ...
+    acceptance: float
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., seconds: _Optional[_Iterable[float]] = ..., padded: _Optional[bool] = ..., base_tokens: _Optional[int] = ..., explore_every: _Optional[int] = ..., acceptance: _Optional[float] = ...) -> None: ...
 
 class RequestStep(_message.Message):
     __slots__ = ("request_id", "prompt", "new_tokens", "accepted_last", "finished", "budget", "reset", "group", "shape", "temperature", "offset")
