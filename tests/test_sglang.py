@@ -25,6 +25,7 @@ from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
 from lookahead_client.engine.config import LookaheadConfig
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import parents_from_mask, tree_tensors, unpack_tree
+from lookahead_client.types import DraftShape
 from test_sglang_support import (
     VOCAB,
     BrokenDrafter,
@@ -76,7 +77,9 @@ def make_worker(published):
     from lookahead_client.sglang.worker import LookaheadNGRAMWorker
 
     def make(drafter=None, config: LookaheadConfig | None = None, overlap: bool = False):
-        cls = LookaheadNGRAMWorker.with_config(config or LookaheadConfig())
+        # Without sizing every lookup drafts whole trees (with it, the first one drafts
+        # nothing, so that the step runs plain and measures one: see the sizing test).
+        cls = LookaheadNGRAMWorker.with_config(config or LookaheadConfig(sizing=False))
         worker = cls(
             server_args=published,
             gpu_id=0,
@@ -151,7 +154,7 @@ def assert_sglang_contract(arrays, roots, seq_lens):
 # -- the worker class ------------------------------------------------------------------------
 
 
-def test_worker_is_sglang_ngram_worker_with_only_the_corpus_and_lookup_replaced(make_worker):
+def test_worker_is_sglang_ngram_worker_with_its_corpus_lookup_and_step_kind_replaced(make_worker):
     from sglang.srt.speculative import ngram_worker as sglang_ngram_worker
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
@@ -161,8 +164,6 @@ def test_worker_is_sglang_ngram_worker_with_only_the_corpus_and_lookup_replaced(
 
     assert issubclass(LookaheadNGRAMWorker, NGRAMWorker)
     for name in (
-        "forward_batch_generation",
-        "_prepare_for_speculative_decoding",
         "_update_ngram_corpus",
         "clear_cache_pool",
         "add_external_corpus",
@@ -175,13 +176,18 @@ def test_worker_is_sglang_ngram_worker_with_only_the_corpus_and_lookup_replaced(
         for n in set(vars(LookaheadNGRAMWorker)) & set(vars(NGRAMWorker))
         if not n.startswith("__") and n != "_abc_impl"
     }
-    assert overridden == {"_prepare_draft_tokens"}
+    # the lookup, and plain decode steps around SGLang's own step (see test_engines.py)
+    assert overridden == {
+        "_prepare_draft_tokens",
+        "_prepare_for_speculative_decoding",
+        "forward_batch_generation",
+    }
     worker = make_worker(embedded())
     assert isinstance(worker.ngram_corpus, DrafterCorpus)
     assert worker.draft_token_num == D and worker.max_trie_depth == 18
     # SGLang's module-level corpus class is back once the worker is built.
     assert sglang_ngram_worker.NgramCorpus is NgramCorpus
-    assert LookaheadNGRAMWorker.with_config(LookaheadConfig()) is type(worker)
+    assert LookaheadNGRAMWorker.with_config(LookaheadConfig(sizing=False)) is type(worker)
 
 
 # -- the arrays ------------------------------------------------------------------------------
@@ -308,6 +314,24 @@ def test_without_overlap_the_committed_outputs_are_the_new_tokens(make_worker):
     assert list(step.new_tokens) == PHRASE[3:5] and step.accepted_last == 1
 
 
+def test_with_sizing_the_first_lookup_drafts_nothing_then_whole_trees(make_worker):
+    """Sizing on (the default): no tree pays before a plain step was measured, so the first
+    decode step runs plain; with a plain step measured and no verify yet, trees are whole."""
+    drafter = RecordingDrafter(embedded())
+    worker = make_worker(drafter, config=LookaheadConfig())
+    req = make_req("z", PHRASE + FILLER + PHRASE[:2], output=[PHRASE[2]])
+    assert_root_only(worker._prepare_draft_tokens(decode_batch([req])), [PHRASE[2]])
+    assert drafter.steps[-1][0].shape == DraftShape.SIZED_TREE
+    assert worker.ngram_corpus.last_nodes == 0
+    modes = worker.step_modes
+    modes.begin(0.0)
+    modes.started(0.0, plain=True, bs=1)
+    modes.begin(0.1)  # the plain step took 0.1 s
+    req.output_ids.append(PHRASE[3])
+    worker._prepare_draft_tokens(decode_batch([req]))
+    assert worker.ngram_corpus.last_nodes > 0
+
+
 # -- never failing a generation ------------------------------------------------------------
 
 
@@ -339,7 +363,7 @@ def test_raising_drafter_gives_root_only_trees_warns_once_and_recovers(make_work
 
 def test_slow_drafter_is_cut_at_the_deadline_and_its_late_answer_used(make_worker, caplog):
     drafter = SlowDrafter(embedded())
-    worker = make_worker(drafter, config=LookaheadConfig(timeout=0.05))
+    worker = make_worker(drafter, config=LookaheadConfig(timeout=0.05, sizing=False))
     req = make_req("s", PHRASE + FILLER + PHRASE[:2], output=[PHRASE[2]])
     drafter.delay = 0.4
     with caplog.at_level(logging.WARNING, logger=LOG):

@@ -18,7 +18,85 @@ from lookahead_client.engine.guard import DraftGuard, guard_for
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
-from lookahead_client.types import DraftBatch, DraftTree, StepRequest
+from lookahead_client.sglang.step_modes import StepModes
+from lookahead_client.types import DraftBatch, DraftShape, DraftTree, StepRequest
+
+# -- plain or verify decode steps ------------------------------------------------------------
+
+
+def _measure(modes: StepModes, times: list[tuple[bool, int, float]]) -> None:
+    """Runs decode steps back to back: (plain?, batch size, seconds) each."""
+    now = 0.0
+    for plain, bs, seconds in times:
+        modes.begin(now)
+        modes.started(now, plain=plain, bs=bs)
+        now += seconds
+    modes.begin(now)  # the next forward closes the last step
+
+
+def test_step_modes_measure_plain_once_then_follow_the_cheaper_kind():
+    modes = StepModes(8)
+    # nothing measured: the first step runs plain (no tree pays), then whole trees run
+    first = modes.cost(1)
+    assert first is not None and first.seconds[1] > 1000 * first.seconds[0]
+    assert modes.plain_pays(1)
+    _measure(modes, [(True, 1, 0.10)])
+    assert modes.cost(1) is None and modes.plain_pays(1)
+    _measure(modes, [(False, 1, 0.16)] * 3 + [(True, 1, 0.10)] * 2)
+    assert modes.ratio(1) == pytest.approx(1.6)
+    cost = modes.cost(1)
+    assert cost is not None and cost.padded
+    assert cost.tokens == (1, 2, 8) and cost.seconds == pytest.approx((1.0, 1.6, 1.6))
+    assert modes.plain_pays(1)
+    assert modes.stats() == {
+        "plain_steps": 3,
+        "verify_steps": 3,
+        "plain_seconds": pytest.approx(0.3),
+        "verify_seconds": pytest.approx(0.48),
+    }
+
+
+def test_step_modes_keep_verifying_where_the_verify_is_cheaper_and_remeasure_now_and_then():
+    modes = StepModes(8, remeasure_every=4)
+    _measure(modes, [(False, 2, 0.08), (True, 2, 0.10)])  # a GPU: verify in a graph
+    cost = modes.cost(2)
+    assert cost is not None and cost.seconds == (1.0, 1.0, 1.0)  # every tree pays
+    assert [modes.plain_pays(2) for _ in range(8)] == [False, False, False, True] * 2
+
+
+def test_step_modes_borrow_the_ratio_of_the_nearest_batch_size_and_shrug_off_gaps():
+    modes = StepModes(4)
+    _measure(modes, [(False, 2, 0.2), (True, 2, 0.1), (False, 6, 0.9), (True, 6, 0.3)])
+    assert modes.ratio(1) == pytest.approx(2.0) and modes.ratio(5) == pytest.approx(3.0)
+    assert modes.cost(1) is not None and modes.cost(1).tokens == (1, 2, 4)
+    # an idle gap before the next request, then steps as before: the median stays
+    _measure(modes, [(True, 2, 30.0), (True, 2, 0.1), (True, 2, 0.1)])
+    assert modes.seconds(plain=True, bs=2) == pytest.approx(0.1)
+
+
+def test_step_modes_cost_cuts_weak_trees_whole_and_keeps_strong_ones():
+    """The core's padded sizing against the modes' cost: a tree whole, or nothing."""
+    dear, cheap = StepModes(8), StepModes(8)
+    _measure(dear, [(False, 1, 0.3), (True, 1, 0.1)])  # verifying costs 3 plain steps
+    _measure(cheap, [(False, 1, 0.101), (True, 1, 0.1)])
+    text = list(range(100, 140))
+    d = EmbeddedDrafter(memory_budget_bytes=1 << 22)
+    d.ingest(text * 4)
+    requests = iter(range(100))
+
+    def nodes(prompt: list[int], modes: StepModes) -> int:
+        request = StepRequest(
+            f"r{next(requests)}", prompt=prompt, budget=7, shape=DraftShape.SIZED_TREE
+        )
+        (tree,) = d.step([request], modes.cost(1))
+        return len(tree)
+
+    # the request repeats the text: its tree is near certain, worth a dear verify
+    assert nodes(text * 3 + text[:10], dear) == 7
+    # a fresh request drafts from the ingested text only: weak odds (scores 0.28, 0.08...)
+    assert nodes(text[:10], dear) == 0
+    assert nodes(text[:10], cheap) > 0
+
 
 # -- the request book ------------------------------------------------------------------------
 
@@ -46,6 +124,31 @@ def test_book_starts_with_the_prompt_then_sends_only_new_tokens_with_feedback():
     plan = book.plan([RequestView("a", [1, 2, 3, 4], output + [9, 10, 11])])
     assert plan.requests[0].accepted_last == -1
     assert (book.accepted_drafts, book.expected_drafts) == (3, 2.5)
+
+
+def test_book_acceptance_follows_what_the_engine_accepted_of_the_expected_tokens():
+    book = RequestBook(budget=7)
+    assert book.acceptance == 1.0  # nothing known: the scores as they are
+    output: list[int] = [5]
+    view = RequestView("a", [1, 2, 3, 4], output)
+    book.commit(book.plan([view]), frozenset())
+
+    def step(expected: float, accepted: int) -> None:
+        plan = book.plan([RequestView("a", [1, 2, 3, 4], output)])
+        book.commit(plan, frozenset())
+        book.fed(plan, 0, depth=7, expected=expected)
+        output.extend([9] * (accepted + 1))  # the accepted draft tokens and the bonus
+
+    step(3.0, 0)  # the first tree's outcome is read by the step after it
+    for _ in range(100):
+        step(3.0, 1)  # a third of what the drafter expected, tree after tree
+    assert book.acceptance == pytest.approx(1 / 3, abs=0.05)
+    for _ in range(300):
+        step(2.0, 2)  # then all of it: the old outcomes fade
+    assert book.acceptance == pytest.approx(1.0, abs=0.05)
+    for _ in range(2000):
+        step(2.0, 0)  # nothing accepted: a floor, so that drafting can come back
+    assert book.acceptance == pytest.approx(0.05)
 
 
 def test_book_feeds_a_tail_view_and_never_starts_a_request_from_one():
@@ -422,6 +525,7 @@ def test_launcher_flags_are_split_from_sglang_flags():
     )
     assert config == LookaheadConfig(namespace="llama", max_ngram=8, chain=True)
     assert rest == ["--model-path", "m", "--tp", "2", "--speculative-algorithm", "NGRAM"]
+    assert split_argv(["--lookahead-no-sizing"])[0] == LookaheadConfig(sizing=False)
     _, rest = split_argv(["--speculative-algorithm=ngram", "--lookahead-t", "x"])
     assert rest == ["--speculative-algorithm=ngram", "--lookahead-t", "x"]  # no abbreviations
     with pytest.raises(InvalidArgumentError) as e:

@@ -110,11 +110,18 @@ def server_args(model_dir: Path, **overrides: Any):
 
 class TargetWorkerStandIn:
     """What ``NGRAMWorker.__init__`` reads from SGLang's ``TpModelWorker`` (which needs a GPU
-    and a loaded model): its model runner's vocabulary size and batch limit."""
+    and a loaded model): its model runner's vocabulary size and batch limit, and what SGLang's
+    ``mambaish_config`` reads of the model's config (a Llama: no hybrid state)."""
 
     def __init__(self, vocab_size: int = VOCAB) -> None:
+        from transformers import LlamaConfig
+
         self.model_runner = SimpleNamespace(
-            model_config=SimpleNamespace(vocab_size=vocab_size),
+            model_config=SimpleNamespace(
+                vocab_size=vocab_size,
+                hf_config=LlamaConfig(vocab_size=vocab_size),
+                linear_attn_registry_result=None,
+            ),
             max_running_requests=48,
         )
         self.tokenizer = None

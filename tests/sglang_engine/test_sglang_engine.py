@@ -67,11 +67,14 @@ def test_sglang_ngram_is_token_identical_to_plain(engines: EngineRuns, plain: Ba
 
 @pytest.mark.engine_runs("embedded")
 def test_lookahead_embedded_through_the_plugin(engines: EngineRuns, plain: Batch) -> None:
-    """``sgl.Engine`` as it is, lookahead switched on by ``LOOKAHEAD_SGLANG='{}'``."""
+    """``sgl.Engine`` as it is, lookahead switched on by ``LOOKAHEAD_SGLANG='{}'``. Its first
+    decode step runs plain (measuring a plain step, see ``step_modes``): the outputs being
+    plain decoding's covers that path too."""
     run = engines["embedded"]
     batch = run.ok()["batch"]
     assert_same_tokens(batch, plain, "lookahead embedded")
     assert_lookahead_drafted(batch, run.log, "embedded drafter")
+    assert "a decode step without drafts runs plain" in run.log
 
 
 @pytest.mark.engine_runs("server")

@@ -9,7 +9,10 @@ same tree slots (``--draft-tokens``) except ``plain``:
 * ``sglang-ngram``: SGLang's own C++ n-gram corpus;
 * ``lookahead``: lookahead's embedded drafter in the scheduler process (the default: trees);
 * ``lookahead-chain``: the same drafter proposing single chains in the same slots;
-* ``lookahead-server``: a ``lookahead-server`` on a Unix socket, started for the trial.
+* ``lookahead-server``: a ``lookahead-server`` on a Unix socket, started for the trial;
+* ``lookahead-verify`` (not run by default): the embedded drafter with sizing off, so that
+  every decode step verifies its slots (the default runs a decode step whose batch got no
+  draft as a plain step where that is measured cheaper).
 
 For every workload each configuration generates every prompt alone (batch 1), timed prompt by
 prompt, then other prompts all at once (the full batch). The run is made of rounds
@@ -75,6 +78,8 @@ __all__ = ["CONFIGS", "add_sglang_parser", "find_cpu_standins", "per_step_figure
 
 #: The configurations of a default run.
 CONFIGS = ("plain", "sglang-ngram", "lookahead", "lookahead-chain", "lookahead-server")
+#: Every configuration a run may name.
+KNOWN_CONFIGS = (*CONFIGS, "lookahead-verify")
 
 #: What the scheduler's timing wrappers measure: NGRAMWorker's method, and its name here.
 _TIMED = (
@@ -349,6 +354,11 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
             total.get("lookahead_cross_replica_accepted", 0.0),
             total.get("lookahead_replica_accepted", 0.0),
         )
+        # decode steps the worker ran as plain steps (sizing on), and each kind's time
+        plain, verify = (total.get(f"lookahead_{k}_steps", 0.0) for k in ("plain", "verify"))
+        look["plain_share"] = per(plain, plain + verify)
+        look["plain_step_ms"] = per(total.get("lookahead_plain_seconds", 0.0), plain, 1e3)
+        look["verify_step_ms"] = per(total.get("lookahead_verify_seconds", 0.0), verify, 1e3)
         out["lookahead"] = look
     return out
 
@@ -360,6 +370,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("corpus ms", 9, cell("corpus_ms")),
     ("insert ms", 9, cell("insert_ms")),
     ("step ms", 7, cell("step_ms")),
+    ("plain", 5, cell("plain_share", "lookahead")),
     ("x-rep", 5, cell("cross_replica_share", "lookahead")),
 )
 
@@ -372,7 +383,7 @@ def add_sglang_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_engine_arguments(sp, CONFIGS, "")
+    add_engine_arguments(sp, CONFIGS, "; also lookahead-verify (every decode step verified)")
     sp.add_argument(
         "--draft-tokens",
         type=int,
@@ -397,7 +408,11 @@ def add_sglang_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 #: ``LOOKAHEAD_SGLANG`` of the configurations with an embedded drafter.
-_EMBEDDED_CONFIGS = {"lookahead": "{}", "lookahead-chain": json.dumps({"chain": True})}
+_EMBEDDED_CONFIGS = {
+    "lookahead": "{}",
+    "lookahead-chain": json.dumps({"chain": True}),
+    "lookahead-verify": json.dumps({"sizing": False}),
+}
 
 
 def _run_trial(
@@ -431,7 +446,7 @@ def _run_trial(
 
 def run_sglang(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
-    configs = config_names(args.configs, CONFIGS)
+    configs = config_names(args.configs, KNOWN_CONFIGS)
     check_server_binary(configs)
     if args.draft_tokens < 2:
         raise InvalidArgumentError(

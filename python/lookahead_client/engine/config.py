@@ -39,12 +39,15 @@ class LookaheadConfig:
         max_ngram: n-gram depth of the embedded drafter's shared trie.
         min_score: the embedded drafter drops nodes less likely to be accepted than this.
         chain: the embedded drafter proposes single-branch drafts instead of trees.
-        sizing: vLLM only (on by default): the drafter's core cuts each step's chains to the
+        sizing: on by default. vLLM: the drafter's core cuts each step's chains to the
             lengths that maximise the batch's expected tokens per second, against the
             engine's own measured step times and at each request's temperature (zero where
             drafting does not pay, e.g. sampled rollouts whose drafts are rarely accepted).
-            Off proposes every chain whole, up to ``num_speculative_tokens``. SGLang verifies
-            fixed-size trees.
+            Off proposes every chain whole, up to ``num_speculative_tokens``. SGLang, which
+            verifies every tree in all its slots: the core keeps a batch's trees only where
+            their expected accepted tokens pay for a verify step against a plain one, and a
+            batch left without drafts runs as a plain decode step where that is measured
+            cheaper (``lookahead_client.sglang.step_modes``). Off verifies every step.
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
         replica: the engine replica's name (remote only), so that the server counts the

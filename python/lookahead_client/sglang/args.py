@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="embedded drafter proposes chains instead of trees",
     )
+    g.add_argument(
+        "--lookahead-no-sizing",
+        dest="lookahead_sizing",
+        action="store_false",
+        help="verify every decode step (default: a batch whose drafts do not pay for a "
+        "verify step runs as a plain decode step, where measured cheaper)",
+    )
 
 
 def lookahead_help() -> str:
@@ -97,6 +104,7 @@ def config_from_args(ns: argparse.Namespace) -> LookaheadConfig:
         max_ngram=ns.lookahead_max_ngram,
         min_score=ns.lookahead_min_score,
         chain=ns.lookahead_chain,
+        sizing=ns.lookahead_sizing,
         token=_read_token(ns.lookahead_token_file),
     )
 

@@ -28,7 +28,7 @@ from lookahead_client.engine.session import DraftSession
 from lookahead_client.engine.warn_once import WarnOnce
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.tree import PackedSlots, pack_batch
-from lookahead_client.types import DraftBatch
+from lookahead_client.types import DraftBatch, DraftShape, EngineCost
 
 __all__ = ["DrafterCorpus", "Share", "StepContext", "broadcast_share"]
 
@@ -73,16 +73,23 @@ class StepContext:
             (``NGRAMWorker.prev_token_ids``, ``stride`` entries per request), which the worker
             fills in during the lookup, hence read when needed.
         stride: ``speculative_num_draft_tokens``.
+        cost: the step's cost for sized trees (see :class:`~.step_modes.StepModes`); None:
+            whole trees.
     """
 
-    __slots__ = ("reqs", "spliced", "stride")
+    __slots__ = ("cost", "reqs", "spliced", "stride")
 
     def __init__(
-        self, reqs: Sequence[Any], spliced: Callable[[], Sequence[int]], stride: int
+        self,
+        reqs: Sequence[Any],
+        spliced: Callable[[], Sequence[int]],
+        stride: int,
+        cost: EngineCost | None = None,
     ) -> None:
         self.reqs = reqs
         self.spliced = spliced
         self.stride = stride
+        self.cost = cost
 
 
 class DrafterCorpus:
@@ -94,6 +101,8 @@ class DrafterCorpus:
             their drafts from the drafting rank (``share``).
         vocab_size: drafts with a token id outside ``[0, vocab_size)`` are dropped.
         share: for tensor parallelism, see :data:`Share`; None with one rank.
+        shape: the drafts asked for (:attr:`DraftShape.SIZED_TREE`: cut against each step's
+            cost, see :class:`StepContext`).
     """
 
     def __init__(
@@ -103,6 +112,7 @@ class DrafterCorpus:
         guard: DraftGuard | None,
         vocab_size: int,
         share: Share | None = None,
+        shape: DraftShape = DraftShape.TREE,
     ) -> None:
         if num_slots < 1:
             raise InvalidArgumentError(
@@ -117,13 +127,15 @@ class DrafterCorpus:
         self._share = share
         #: The drafting loop; None on ranks that receive their drafts (``share``).
         self.session = (
-            None if guard is None else DraftSession(guard, RequestBook(num_slots - 1), _log)
+            None if guard is None else DraftSession(guard, RequestBook(num_slots - 1, shape), _log)
         )
         self._context: StepContext | None = None
         self._corpora: dict[str, int] = {}
         self.drafted_requests = 0
         self.draft_nodes = 0
         self.fallback_requests = 0
+        #: Draft nodes of the last lookup's trees (0: every request decodes plainly).
+        self.last_nodes = 0
 
     @property
     def guard(self) -> DraftGuard | None:
@@ -278,7 +290,9 @@ class DrafterCorpus:
                 )
                 session.book.resync(req_ids[i])
         known = [i for i, v in enumerate(views) if v is not None]
-        drafts = session.draft([v for v in views if v is not None])  # in the order of known
+        cost = None if self._context is None else self._context.cost
+        # in the order of known
+        drafts = session.draft([v for v in views if v is not None], cost)
         if drafts is None:
             return self._root_only(roots)
         # The drafter's tree of each request of the batch (-1: none, a root-only row).
@@ -307,7 +321,8 @@ class DrafterCorpus:
         checked and laid out natively; counted."""
         packed = pack_batch(batch, self.num_slots, roots, self.vocab_size, rows)
         drafted = int(np.count_nonzero(packed.placed))
-        self.draft_nodes += int(packed.placed.sum())
+        self.last_nodes = int(packed.placed.sum())
+        self.draft_nodes += self.last_nodes
         self.drafted_requests += drafted
         self.fallback_requests += len(roots) - drafted
         return packed
