@@ -122,15 +122,16 @@ class StepModes:
         assert verify is not None and plain is not None
         return verify / plain
 
+    @property
+    def _plain_measured(self) -> bool:
+        return any(plain for plain, _ in self._times)
+
     # -- choosing ---------------------------------------------------------------------------
 
     def cost(self, bs: int) -> EngineCost | None:
         """The step's cost for the drafter's sizing: no tree pays before a plain step was
         measured; then whole trees (None) until a verify was measured too."""
-        if not any(plain for plain, _ in self._times):
-            ratio: float | None = _UNMEASURED
-        else:
-            ratio = self.ratio(bs)
+        ratio = self.ratio(bs) if self._plain_measured else _UNMEASURED
         if ratio is None:
             return None
         verify = max(ratio, 1.0)  # the curve may not fall; a cheaper verify keeps every tree
@@ -141,8 +142,8 @@ class StepModes:
 
     def plain_pays(self, bs: int) -> bool:
         """Whether a batch of ``bs`` requests with no draft node should decode plainly."""
-        if not any(plain for plain, _ in self._times):
-            return True  # never measured: this step measures it
+        if not self._plain_measured:
+            return True  # this step measures it
         ratio = self.ratio(bs)
         if ratio is None or ratio > 1.0:
             return True
