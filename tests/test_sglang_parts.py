@@ -151,6 +151,28 @@ def test_book_acceptance_follows_what_the_engine_accepted_of_the_expected_tokens
     assert book.acceptance == pytest.approx(0.05)
 
 
+def test_book_acceptance_of_requests_is_their_own_record_from_the_engines_prior():
+    book = RequestBook(budget=7)
+    outputs: dict[str, list[int]] = {"code": [5], "chat": [5]}
+
+    def views(*rids: str) -> list[RequestView]:
+        return [RequestView(r, [1, 2, 3, 4], outputs[r]) for r in rids]
+
+    book.commit(book.plan(views("code", "chat")), frozenset())
+    for _ in range(40):  # code accepts all it was promised, chat a fifth
+        plan = book.plan(views("code", "chat"))
+        book.commit(plan, frozenset())
+        book.fed(plan, 0, depth=7, expected=2.0)
+        book.fed(plan, 1, depth=7, expected=5.0)
+        outputs["code"].extend([9] * 3)  # two draft tokens accepted, and the bonus
+        outputs["chat"].extend([9, 8])  # one
+    engine = book.acceptance
+    assert engine == pytest.approx(3 / 7, abs=0.05)  # the two mixed
+    assert book.acceptance_of(views("chat")) == pytest.approx(0.2, abs=0.05)
+    assert book.acceptance_of(views("code")) == pytest.approx(1.0, abs=0.05)
+    assert book.acceptance_of([RequestView("new", [1], [2])]) == pytest.approx(engine)
+
+
 def test_book_feeds_a_tail_view_and_never_starts_a_request_from_one():
     """vLLM 0.34 reads only each row's last tokens once the drafter holds the rest."""
     book = RequestBook(budget=4)

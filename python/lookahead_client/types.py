@@ -46,9 +46,9 @@ class EngineCost:
         explore_every: every this many steps, draft one token beyond the best choice so the
             curve stays measured where the choice is made (0: never).
         acceptance: what the engine measured of the drafter's scores (accepted over expected
-            draft tokens on its recent steps, :attr:`RequestBook.acceptance
-            <lookahead_client.engine.book.RequestBook.acceptance>`); the choice weighs every
-            score by it. Finite and >= 0; 1 (or 0) takes the scores as they are.
+            draft tokens of the step's requests, :meth:`RequestBook.acceptance_of
+            <lookahead_client.engine.book.RequestBook.acceptance_of>`); the choice weighs
+            every score by it. Finite and >= 0; 1 (or 0) takes the scores as they are.
     """
 
     tokens: tuple[int, ...]

@@ -117,6 +117,9 @@ class _Tracked:
     fed_depth: int = -1  # depth of the drafter's tree the engine got last; -1: none / fallback
     fed_step: int = -1  # the step that tree was fed in
     fed_expected: float = 0.0  # the sum of that tree's scores (its expected accepted length)
+    # over the request's fed trees whose outcome is known: draft tokens accepted, and expected
+    accepted: int = 0
+    expected: float = 0.0
 
 
 @dataclass(slots=True)
@@ -174,10 +177,23 @@ class RequestBook:
     @property
     def acceptance(self) -> float:
         """Accepted over expected draft tokens of the recently fed trees (recent ones weigh
-        most; 1 before any outcome): how far the drafter's scores hold for this engine. The
-        engines hand it to the drafter's sizing with the step's cost
-        (:attr:`~lookahead_client.types.EngineCost.acceptance`)."""
+        most; 1 before any outcome): how far the drafter's scores hold for this engine."""
         accepted, expected = self._recent
+        return max(accepted / expected, _ACCEPTANCE_FLOOR)
+
+    def acceptance_of(self, views: Sequence[RequestView]) -> float:
+        """Accepted over expected draft tokens of these requests' own fed trees, from a prior
+        of a few expected tokens at the engine's :attr:`acceptance` (so a new request starts
+        from the engine's record and soon has its own). The engines hand it to the drafter's
+        sizing with the step's cost (:attr:`~lookahead_client.types.EngineCost.acceptance`):
+        a chat request is weighed by how its own drafts fare, not by the code before it."""
+        accepted, expected = _ACCEPTANCE_PRIOR * self.acceptance, _ACCEPTANCE_PRIOR
+        tracked = self._tracked
+        for view in views:
+            t = tracked.get(view.rid)
+            if t is not None:
+                accepted += t.accepted
+                expected += t.expected
         return max(accepted / expected, _ACCEPTANCE_FLOOR)
 
     def __len__(self) -> int:
@@ -249,6 +265,8 @@ class RequestBook:
             else:
                 self.accepted_drafts += accepted
                 self.expected_drafts += t.fed_expected
+                t.accepted += accepted
+                t.expected += t.fed_expected
                 if t.fed_expected > 0:
                     recent = self._recent
                     recent[0] = _ACCEPTANCE_MEMORY * recent[0] + accepted

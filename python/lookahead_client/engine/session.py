@@ -83,13 +83,13 @@ class DraftSession:
 
     def draft(self, views: Sequence[RequestView], cost: EngineCost | None = None) -> Drafts | None:
         """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
-        the step has none to use. A ``cost`` goes to the drafter with this engine's measured
-        acceptance of its scores (:attr:`RequestBook.acceptance`)."""
+        the step has none to use. A ``cost`` goes to the drafter with the measured acceptance
+        of the scores of these requests (:meth:`RequestBook.acceptance_of`)."""
         plan = self.book.plan(views)
         if not plan.requests:
             return None
         if cost is not None:
-            cost = dataclasses.replace(cost, acceptance=self.book.acceptance)
+            cost = dataclasses.replace(cost, acceptance=self.book.acceptance_of(views))
         outcome = self.guard.run(plan.requests, token=plan, cost=cost)
         if outcome.late:
             return None  # committed by a later begin(), when it comes in
