@@ -43,6 +43,11 @@ _ACCEPTANCE_PRIOR = 4.0
 _ACCEPTANCE_FLOOR = 0.05
 
 
+def _floored_ratio(accepted: float, expected: float) -> float:
+    """Accepted over expected draft tokens, never below the acceptance floor."""
+    return max(accepted / expected, _ACCEPTANCE_FLOOR)
+
+
 def _ints(piece: Tokens) -> list[int]:
     """A piece of a request as Python ints (vLLM's pieces are numpy rows)."""
     tolist = getattr(piece, "tolist", None)
@@ -178,8 +183,7 @@ class RequestBook:
     def acceptance(self) -> float:
         """Accepted over expected draft tokens of the recently fed trees (recent ones weigh
         most; 1 before any outcome): how far the drafter's scores hold for this engine."""
-        accepted, expected = self._recent
-        return max(accepted / expected, _ACCEPTANCE_FLOOR)
+        return _floored_ratio(*self._recent)
 
     def acceptance_of(self, views: Sequence[RequestView]) -> float:
         """Accepted over expected draft tokens of these requests' own fed trees, from a prior
@@ -194,7 +198,7 @@ class RequestBook:
             if t is not None:
                 accepted += t.accepted
                 expected += t.expected
-        return max(accepted / expected, _ACCEPTANCE_FLOOR)
+        return _floored_ratio(accepted, expected)
 
     def __len__(self) -> int:
         return len(self._tracked)

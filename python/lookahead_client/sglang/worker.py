@@ -246,7 +246,7 @@ class LookaheadNGRAMWorker(NGRAMWorker):
             self._prev_decode_rids = rids
         return result
 
-    def lookahead_stats(self) -> dict[str, int | bool]:
+    def lookahead_stats(self) -> dict[str, int | float | bool]:
         """This process's drafting counters (steps, drafts, fallbacks, resyncs...)."""
         stats = self.ngram_corpus.stats()
         if self.step_modes is not None:
