@@ -64,6 +64,25 @@ def test_step_modes_keep_verifying_where_the_verify_is_cheaper_and_remeasure_now
     assert [modes.plain_pays(2) for _ in range(8)] == [False, False, False, True] * 2
 
 
+def test_step_modes_explore_only_where_the_verify_time_is_stale():
+    modes = StepModes(8, stale_after=4)
+    _measure(modes, [(True, 1, 0.1), (False, 1, 0.2)])
+    assert modes.cost(1).explore_every == 0  # just measured
+    assert modes.stale(2)  # borrowed from batch size 1, never measured itself
+    assert modes.cost(2).explore_every == 1  # so the next tree there explores
+    _measure(modes, [(True, 1, 0.1)] * 3)
+    assert not modes.stale(1)
+    _measure(modes, [(True, 1, 0.1)])  # four decode steps since the last verify
+    assert modes.stale(1) and modes.cost(1).explore_every == 1
+    _measure(modes, [(False, 1, 0.2)])  # the exploring verify measured it again
+    assert modes.cost(1).explore_every == 0
+    never = StepModes(8, stale_after=0)
+    _measure(never, [(True, 1, 0.1), (False, 1, 0.2)])
+    assert not never.stale(3) and never.cost(3).explore_every == 0
+    with pytest.raises(InvalidArgumentError, match="stale_after"):
+        StepModes(8, stale_after=-1)
+
+
 def test_step_modes_borrow_the_ratio_of_the_nearest_batch_size_and_shrug_off_gaps():
     modes = StepModes(4)
     _measure(modes, [(False, 2, 0.2), (True, 2, 0.1), (False, 6, 0.9), (True, 6, 0.3)])

@@ -15,8 +15,11 @@ decides when, from the engine's own step times:
   :class:`~lookahead_client.types.EngineCost`: one unit for plain decoding (``bs`` tokens),
   ``verify / plain`` for any tree (``bs + 1`` tokens on), so that the core's sizing keeps a
   batch's trees only when their expected accepted tokens pay for the verify, and cuts them
-  all otherwise (it explores a width of one every 32 such steps, which keeps the verify time
-  measured). Until a plain step was measured the cost forbids every tree: the engine's first
+  all otherwise. Where the verify time at the step's batch size is stale (never measured, or
+  not in the last ``stale_after`` decode steps) the cost asks the core to explore (keep a
+  width of one beyond its choice) until a verify step measures it again: an exploring verify
+  costs what a whole one does, so it is spent where the estimate is old, not on a fixed
+  rhythm. Until a plain step was measured the cost forbids every tree: the engine's first
   decode step runs plain and measures it;
 * :meth:`StepModes.plain_pays` says whether a batch without draft nodes should run plain: when
   plain is measured cheaper, or not measured yet at any batch size (that step measures it),
@@ -40,8 +43,8 @@ __all__ = ["StepModes"]
 
 # Steps of one kind and batch size whose median is the estimate.
 _WINDOW = 9
-# Every this many costed steps the core drafts one width beyond its choice (see EngineCost).
-_EXPLORE_EVERY = 32
+# Decode steps after which a batch size's verify time is stale and worth an exploring verify.
+_STALE_AFTER = 256
 # Batches without drafts between two plain steps taken to remeasure a dearer plain step.
 _REMEASURE_EVERY = 64
 # The verify / plain ratio before a plain step was measured: no tree pays for it.
@@ -54,21 +57,35 @@ class StepModes:
     Args:
         slots: ``d``, SGLang's ``speculative_num_draft_tokens`` (the root included).
         remeasure_every: see the module's text (0: never remeasure a dearer plain step).
+        stale_after: see the module's text (0: never explore).
     """
 
-    def __init__(self, slots: int, *, remeasure_every: int = _REMEASURE_EVERY) -> None:
+    def __init__(
+        self,
+        slots: int,
+        *,
+        remeasure_every: int = _REMEASURE_EVERY,
+        stale_after: int = _STALE_AFTER,
+    ) -> None:
         if slots < 2:
             raise InvalidArgumentError(f"slots must be >= 2, got {slots}", field="slots")
         if remeasure_every < 0:
             raise InvalidArgumentError(
                 f"remeasure_every must be >= 0, got {remeasure_every}", field="remeasure_every"
             )
+        if stale_after < 0:
+            raise InvalidArgumentError(
+                f"stale_after must be >= 0, got {stale_after}", field="stale_after"
+            )
         self.slots = slots
         self.remeasure_every = remeasure_every
+        self.stale_after = stale_after
         # (plain?, batch size) -> the last step times of that kind and size.
         self._times: dict[tuple[bool, int], deque[float]] = {}
         # The decode step under way: (its start, plain?, batch size).
         self._open: tuple[float, bool, int] | None = None
+        # Batch size -> the decode step (of plain_steps + verify_steps) last measuring a verify.
+        self._verified_at: dict[int, int] = {}
         self._empty = 0
         #: Decode steps run plain, and verified.
         self.plain_steps = 0
@@ -90,6 +107,8 @@ class StepModes:
                 if times is None:
                     times = self._times[key] = deque(maxlen=_WINDOW)
                 times.append(now - start)
+                if not plain:
+                    self._verified_at[bs] = self.plain_steps + self.verify_steps
                 if plain:
                     self.plain_seconds += now - start
                 else:
@@ -126,6 +145,14 @@ class StepModes:
     def _plain_measured(self) -> bool:
         return any(plain for plain, _ in self._times)
 
+    def stale(self, bs: int) -> bool:
+        """Whether the verify time at ``bs`` is worth an exploring verify: never measured at
+        that batch size, or not in the last ``stale_after`` decode steps."""
+        if self.stale_after == 0:
+            return False
+        at = self._verified_at.get(bs)
+        return at is None or self.plain_steps + self.verify_steps - at >= self.stale_after
+
     # -- choosing ---------------------------------------------------------------------------
 
     def cost(self, bs: int) -> EngineCost | None:
@@ -138,7 +165,8 @@ class StepModes:
         # plain decoding verifies bs tokens; any tree makes it a verify of bs * slots
         tokens = [bs, bs + 1] + ([bs * self.slots] if bs * self.slots > bs + 1 else [])
         seconds = [1.0] + [verify] * (len(tokens) - 1)
-        return EngineCost(tuple(tokens), tuple(seconds), padded=True, explore_every=_EXPLORE_EVERY)
+        explore = 1 if self.stale(bs) else 0  # 1: this step explores
+        return EngineCost(tuple(tokens), tuple(seconds), padded=True, explore_every=explore)
 
     def plain_pays(self, bs: int) -> bool:
         """Whether a batch of ``bs`` requests with no draft node should decode plainly."""
