@@ -235,6 +235,7 @@ def test_sglang_figures_are_per_decode_step_and_accept_length_is_sglangs():
             "step_calls": 19.0,
             "lookahead_accepted_drafts": 30.0,
             "lookahead_expected_drafts": 40.0,
+            "lookahead_weighted_expected_drafts": 25.0,
         },
         {"completion_tokens": 40.0, "spec_verify_ct": 20.0, "draft_s": 0.018, "draft_calls": 17.0},
     ]
@@ -244,6 +245,7 @@ def test_sglang_figures_are_per_decode_step_and_accept_length_is_sglangs():
     assert figures["draft_ms"] == pytest.approx(1e3 * 0.038 / 36, abs=1e-3)
     assert figures["step_ms"] == 100.0
     assert figures["lookahead"]["accepted_over_expected"] == 0.75
+    assert figures["lookahead"]["accepted_over_weighted"] == 1.2
     plain = sglang_engine.per_step_figures([{"completion_tokens": 50.0}], tokens=50)
     assert plain["accept_length"] is None and "lookahead" not in plain
 

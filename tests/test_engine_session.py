@@ -12,6 +12,7 @@ from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.session import DraftSession
 from lookahead_client.processes.server import ServerProcess
 from lookahead_client.remote import RemoteDrafter
+from lookahead_client.types import DraftShape, EngineCost
 
 LOG = logging.getLogger("test_engine_session")
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]
@@ -140,3 +141,31 @@ def test_through_a_server_that_restarts_the_book_starts_lost_requests_again():
         assert drafts is not None and drafts.tree_of(0) >= 0 and "r" in s.book
         assert len(drafts.batch.tree(drafts.tree_of(0))) > 0  # drafted from the prompt again
         drafter.close()
+
+
+def test_the_expectation_is_also_kept_as_sizing_weighed_it():
+    """With a cost, each tree's expected tokens also count at the weight the drafter's
+    sizing gave them (the request's measured acceptance at that step)."""
+    s = DraftSession(
+        DraftGuard(EmbeddedDrafter(), None), RequestBook(4, DraftShape.SIZED_TREE), LOG
+    )
+    flat = EngineCost((1,), (1.0,))  # every token costs nothing: trees stay whole
+    output = [8]
+    expected = weighted = 0.0
+    for step in range(6):
+        assert s.begin()
+        view = RequestView("r", PROMPT, output)
+        drafts = s.draft([view], flat)
+        assert drafts is not None
+        weight = drafts.plan.acceptance  # the request's record, read as the step was planned
+        assert weight == s.book.acceptance_of([view])
+        tree = drafts.batch.tree(drafts.tree_of(0))
+        score = float(tree.scores[0])
+        s.fed(drafts, 0, 1, score)
+        output.append(99)  # never the drafted token: nothing accepted
+        if step < 5:  # the last tree's outcome is read by a step not taken
+            expected, weighted = expected + score, weighted + score * weight
+    stats = s.stats()
+    assert stats["accepted_drafts"] == 0
+    assert stats["expected_drafts"] == round(expected, 2)
+    assert stats["weighted_expected_drafts"] == round(weighted, 2) < round(expected, 2)

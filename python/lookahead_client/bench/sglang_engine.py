@@ -346,8 +346,11 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         if k.startswith("lookahead_")
     }
     if look:
-        look["accepted_over_expected"] = per(
-            total.get("lookahead_accepted_drafts", 0.0), total.get("lookahead_expected_drafts", 0.0)
+        accepted = total.get("lookahead_accepted_drafts", 0.0)
+        look["accepted_over_expected"] = per(accepted, total.get("lookahead_expected_drafts", 0.0))
+        # against the scores as sizing weighed them: the odds the trees were cut on
+        look["accepted_over_weighted"] = per(
+            accepted, total.get("lookahead_weighted_expected_drafts", 0.0)
         )
         # the share of its accepted tokens the drafter gave from other replicas' text
         look["cross_replica_share"] = per(

@@ -103,6 +103,7 @@ _LOOKAHEAD_COUNTERS = (
     "draft_tokens",
     "accepted_drafts",
     "expected_drafts",
+    "weighted_expected_drafts",
     "sized_away",
     "fallback_steps",
     "skipped_steps",
@@ -300,6 +301,10 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         look: dict[str, float | None] = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
         look["proposer_ms_per_step"] = ratio(1e3 * total["proposer_s"], total["proposer_calls"])
         look["accepted_over_expected"] = ratio(total["accepted_drafts"], total["expected_drafts"])
+        # against the scores as sizing weighed them: the odds the chains were cut on
+        look["accepted_over_weighted"] = ratio(
+            total["accepted_drafts"], total["weighted_expected_drafts"]
+        )
         # the share of its accepted tokens the drafter gave from other replicas' text
         look["cross_replica_share"] = ratio(
             total["cross_replica_accepted"], total["replica_accepted"]
@@ -321,6 +326,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("MAL", 5, cell("mal")),
     ("ms/prop", 7, cell("proposer_ms_per_step", "lookahead")),
     ("acc/exp", 7, cell("accepted_over_expected", "lookahead")),
+    ("acc/wexp", 8, cell("accepted_over_weighted", "lookahead")),
     ("x-rep", 5, cell("cross_replica_share", "lookahead")),
 )
 

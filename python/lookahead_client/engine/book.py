@@ -122,6 +122,7 @@ class _Tracked:
     fed_depth: int = -1  # depth of the drafter's tree the engine got last; -1: none / fallback
     fed_step: int = -1  # the step that tree was fed in
     fed_expected: float = 0.0  # the sum of that tree's scores (its expected accepted length)
+    fed_weight: float = 1.0  # the acceptance weight the drafter's sizing gave those scores
     # over the request's fed trees whose outcome is known: draft tokens accepted, and expected
     accepted: int = 0
     expected: float = 0.0
@@ -142,6 +143,9 @@ class StepPlan:
     ends: int = 0
     live: list[int] = field(default_factory=list)
     starts: set[int] = field(default_factory=set)
+    #: The weight the drafter's sizing gave this step's scores (see
+    #: :meth:`RequestBook.acceptance_of`; 1: none).
+    acceptance: float = 1.0
 
 
 class RequestBook:
@@ -174,9 +178,11 @@ class RequestBook:
         self.resyncs = 0
         #: Over the fed trees whose outcome is known: draft tokens the engine accepted, and what
         #: the drafter's scores expected (the sum of the trees' scores; the drafter's
-        #: calibration is good when the two agree).
+        #: calibration is good when the two agree), and that sum weighed as the sizing weighed
+        #: it (the odds the drafts were cut on: they were right when it agrees too).
         self.accepted_drafts = 0
         self.expected_drafts = 0.0
+        self.weighted_expected_drafts = 0.0
         self._recent = [_ACCEPTANCE_PRIOR, _ACCEPTANCE_PRIOR]  # accepted, expected
 
     @property
@@ -269,6 +275,7 @@ class RequestBook:
             else:
                 self.accepted_drafts += accepted
                 self.expected_drafts += t.fed_expected
+                self.weighted_expected_drafts += t.fed_expected * t.fed_weight
                 t.accepted += accepted
                 t.expected += t.fed_expected
                 if t.fed_expected > 0:
@@ -366,6 +373,7 @@ class RequestBook:
         t = self._tracked.get(plan.views[index].rid)
         if t is not None:
             t.fed_depth, t.fed_step, t.fed_expected = depth, plan.step, expected
+            t.fed_weight = plan.acceptance
 
     def _release(self, rid: str) -> None:
         t = self._tracked.pop(rid, None)

@@ -89,7 +89,8 @@ class DraftSession:
         if not plan.requests:
             return None
         if cost is not None:
-            cost = dataclasses.replace(cost, acceptance=self.book.acceptance_of(views))
+            plan.acceptance = self.book.acceptance_of(views)
+            cost = dataclasses.replace(cost, acceptance=plan.acceptance)
         outcome = self.guard.run(plan.requests, token=plan, cost=cost)
         if outcome.late:
             return None  # committed by a later begin(), when it comes in
@@ -133,6 +134,7 @@ class DraftSession:
             "resyncs": book.resyncs,
             "accepted_drafts": book.accepted_drafts,
             "expected_drafts": round(book.expected_drafts, 2),
+            "weighted_expected_drafts": round(book.weighted_expected_drafts, 2),
             "disabled_requests": book.disabled,
             "owed_ends": book.owed_ends,
         }
