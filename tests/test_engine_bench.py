@@ -18,6 +18,7 @@ import pytest
 
 from lookahead_client.bench import sglang_engine
 from lookahead_client.bench.engine_bench import run_trial_processes, summarise, versus
+from lookahead_client.bench.hf import workload_prompts
 from lookahead_client.bench.rounds import (
     Spread,
     Trial,
@@ -374,3 +375,9 @@ def test_a_cluster_configuration_needs_several_engines(capsys):
     args = ["vllm", "--workload", "w.jsonl", "--configs", "plain,lookahead-cluster"]
     assert main(args) == 2
     assert "--engines 2 or more" in capsys.readouterr().err
+
+
+def test_a_workload_named_without_its_file_is_refused_naming_the_flag():
+    with pytest.raises(InvalidArgumentError, match=r"workload code-edit: .*\.jsonl") as e:
+        workload_prompts("code-edit", tokenizer=None)
+    assert e.value.field == "workload"

@@ -113,7 +113,8 @@ def workload_prompts(
         max_prompt_tokens: skip prompts longer than this (in the model's tokens).
 
     Raises:
-        InvalidArgumentError: ``quicktok`` is missing (``pip install "lookahead-client[torch]"``).
+        InvalidArgumentError: ``quicktok`` is missing (``pip install "lookahead-client[torch]"``),
+            or ``path`` cannot be read.
     """
     try:
         import quicktok
@@ -127,7 +128,15 @@ def workload_prompts(
     qwen = quicktok.get_encoding("qwen3")
     halves: dict[str, str] = {}
     out: list[BenchPrompt] = []
-    with open(path, encoding="utf-8") as f:
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except OSError as e:
+        raise InvalidArgumentError(
+            f"cannot read workload {path}: {e.strerror} (a workload is a .jsonl file, such as "
+            "../shared/workloads/code-edit.jsonl)",
+            field="workload",
+        ) from None
+    with f:
         for line in f:
             record = json.loads(line)
             group = record.get("group", record["id"])
