@@ -66,6 +66,7 @@ def test_step_modes_keep_verifying_where_the_verify_is_cheaper_and_remeasure_now
 
 def test_step_modes_explore_only_where_the_verify_time_is_stale():
     modes = StepModes(8, stale_after=4)
+    assert modes.stale(1) and modes.cost(1).explore_every == 0  # the first step runs plain
     _measure(modes, [(True, 1, 0.1), (False, 1, 0.2)])
     assert modes.cost(1).explore_every == 0  # just measured
     assert modes.stale(2)  # borrowed from batch size 1, never measured itself

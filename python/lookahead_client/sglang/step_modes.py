@@ -165,7 +165,8 @@ class StepModes:
         # plain decoding verifies bs tokens; any tree makes it a verify of bs * slots
         tokens = [bs, bs + 1] + ([bs * self.slots] if bs * self.slots > bs + 1 else [])
         seconds = [1.0] + [verify] * (len(tokens) - 1)
-        explore = 1 if self.stale(bs) else 0  # 1: this step explores
+        # 1: this step explores; never before plain was measured (that step measures it)
+        explore = 1 if self._plain_measured and self.stale(bs) else 0
         return EngineCost(tuple(tokens), tuple(seconds), padded=True, explore_every=explore)
 
     def plain_pays(self, bs: int) -> bool:
