@@ -129,23 +129,22 @@ def workload_prompts(
     halves: dict[str, str] = {}
     out: list[BenchPrompt] = []
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise InvalidArgumentError(
             f"cannot read workload {path}: {e.strerror} (a workload is a .jsonl file, such as "
             "../shared/workloads/code-edit.jsonl)",
             field="workload",
         ) from None
-    with f:
-        for line in f:
-            record = json.loads(line)
-            group = record.get("group", record["id"])
-            half = halves.setdefault(group, "AB"[len(halves) % 2])
-            if limit is not None and len(out) >= limit:
-                continue
-            ids = tokenizer.encode(qwen.decode(record["prompt"]), add_special_tokens=False)
-            if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
-                out.append(BenchPrompt(record["id"], group, half, ids))
+    for line in lines:
+        record = json.loads(line)
+        group = record.get("group", record["id"])
+        half = halves.setdefault(group, "AB"[len(halves) % 2])
+        if limit is not None and len(out) >= limit:
+            continue
+        ids = tokenizer.encode(qwen.decode(record["prompt"]), add_special_tokens=False)
+        if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+            out.append(BenchPrompt(record["id"], group, half, ids))
     return out
 
 
