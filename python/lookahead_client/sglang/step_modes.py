@@ -84,7 +84,7 @@ class StepModes:
         self._times: dict[tuple[bool, int], deque[float]] = {}
         # The decode step under way: (its start, plain?, batch size).
         self._open: tuple[float, bool, int] | None = None
-        # Batch size -> the decode step (of plain_steps + verify_steps) last measuring a verify.
+        # Batch size -> the decode step (of _decode_steps) that last measured a verify there.
         self._verified_at: dict[int, int] = {}
         self._empty = 0
         #: Decode steps run plain, and verified.
@@ -107,12 +107,11 @@ class StepModes:
                 if times is None:
                     times = self._times[key] = deque(maxlen=_WINDOW)
                 times.append(now - start)
-                if not plain:
-                    self._verified_at[bs] = self.plain_steps + self.verify_steps
                 if plain:
                     self.plain_seconds += now - start
                 else:
                     self.verify_seconds += now - start
+                    self._verified_at[bs] = self._decode_steps
             self._open = None
 
     def started(self, start: float, *, plain: bool, bs: int) -> None:
@@ -142,6 +141,10 @@ class StepModes:
         return verify / plain
 
     @property
+    def _decode_steps(self) -> int:
+        return self.plain_steps + self.verify_steps
+
+    @property
     def _plain_measured(self) -> bool:
         return any(plain for plain, _ in self._times)
 
@@ -151,7 +154,7 @@ class StepModes:
         if self.stale_after == 0:
             return False
         at = self._verified_at.get(bs)
-        return at is None or self.plain_steps + self.verify_steps - at >= self.stale_after
+        return at is None or self._decode_steps - at >= self.stale_after
 
     # -- choosing ---------------------------------------------------------------------------
 
