@@ -71,7 +71,18 @@ class Runner:
         self.temperature[rid] = temperature
         self.rows.append(rid)
 
-    def step(self, emitted: dict[str, list[int]], finished=()) -> list[list[int]]:
+    def step(
+        self,
+        emitted: dict[str, list[int]],
+        finished=(),
+        *,
+        scheduled: dict[str, int] | None = None,
+        clock: list[float] | None = None,
+        seconds: tuple[float, float] = (0.0, 0.0),
+    ) -> list[list[int]]:
+        """One engine step. ``scheduled``: tokens the step ran per request (default one
+        each); ``clock``: a fake ``time.perf_counter`` the step advances by ``seconds``
+        (before the forward pass, then the pass) and the hook reads (None: untimed)."""
         for rid, toks in emitted.items():
             self.tokens[rid].extend(toks)
         batch = SimpleNamespace(
@@ -80,12 +91,18 @@ class Runner:
             # vLLM marks greedy rows with a negative temperature
             temperature_cpu=np.asarray([self.temperature[r] or -1.0 for r in self.rows]),
         )
+        scheduled = scheduled or {r: 1 for r in self.rows}
         schedule = SimpleNamespace(
             finished_req_ids=set(finished),
-            num_scheduled_tokens={r: 1 for r in self.rows},
-            total_num_scheduled_tokens=len(self.rows),
+            num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()),
         )
-        self.proposer.scheduled(batch, schedule, None)  # untimed: the tests give the cost
+        started = None  # untimed: the tests give the cost
+        if clock is not None:
+            clock[0] += seconds[0]
+            started = clock[0]
+            clock[0] += seconds[1]
+        self.proposer.scheduled(batch, schedule, started)
         table = np.zeros((len(self.rows), MAX_LEN), dtype=np.int32)
         counts = np.zeros(len(self.rows), dtype=np.int32)
         for i, rid in enumerate(self.rows):
@@ -187,6 +204,32 @@ def test_sized_chains_follow_the_engine_cost(seconds_at_64: float, drafted: bool
     assert (len(drafts[0]) == K) is drafted, drafts
     if not drafted:
         assert proposer.stats()["sized_away"] >= K
+
+
+def test_the_cost_curve_gets_whole_decode_steps_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step is timed from the proposer's last answer to its next call (the scheduler's
+    share included), and a step that holds a prefill is left out of the curve."""
+    from lookahead_client.vllm import proposer as proposer_module
+
+    clock = [100.0]
+    monkeypatch.setattr(proposer_module.time, "perf_counter", lambda: clock[0])
+    proposer = make(Recorder(), sizing=True)
+    assert proposer.cost is not None
+    seen = []
+    monkeypatch.setattr(proposer.cost, "observe", lambda t, s, **kw: seen.append((t, s)))
+    runner = Runner(proposer)
+    runner.add("a", [1, 2, 3])
+    # a's prefill: the first call, nothing to time from
+    runner.step({"a": [4]}, scheduled={"a": 3}, clock=clock, seconds=(0.01, 0.5))
+    # a decodes: scheduler 4 ms, forward 30 ms
+    runner.step({"a": [5]}, clock=clock, seconds=(0.004, 0.03))
+    assert seen == [(1, pytest.approx(0.034))]
+    # b's prefill beside a's decode: not a decode step's cost
+    runner.add("b", [1, 2, 3])
+    runner.step({"a": [6], "b": [9]}, scheduled={"a": 1, "b": 3}, clock=clock, seconds=(0, 0.4))
+    assert len(seen) == 1 and proposer.stats()["prefill_steps"] == 1
+    runner.step({"a": [7], "b": [10]}, clock=clock, seconds=(0.005, 0.035))
+    assert seen[1:] == [(2, pytest.approx(0.04))]
 
 
 def test_without_sizing_chains_are_whole() -> None:

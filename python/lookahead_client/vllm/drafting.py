@@ -89,6 +89,10 @@ class ChainDrafting:
         )
         #: The engine's step times, fitted; the core sizes chains against them.
         self.cost = StepCostFeed() if config.sizing else None
+        # The requests that came out of the last step decoding (see observe).
+        self._decoding: frozenset[str] = frozenset()
+        #: Steps not measured because they held (part of) a prefill.
+        self.prefill_steps = 0
         self.drafted_requests = 0
         self.draft_tokens = 0
 
@@ -113,11 +117,36 @@ class ChainDrafting:
             self.book.forget(rid)
 
     def observe(
-        self, tokens: int, seconds: float, *, rows: int, context: int = 0, pairs: int = 0
+        self,
+        tokens: int,
+        seconds: float | None,
+        *,
+        rows: int,
+        context: int = 0,
+        pairs: int = 0,
+        scheduled: Iterable[str] = (),
+        decoding: Iterable[str] = (),
     ) -> None:
-        """One measured engine step (see :class:`StepCostFeed`); ignored without sizing."""
-        if self.cost is not None and tokens > 0 and seconds > 0:
-            self.cost.observe(tokens, seconds, rows=rows, context=context, pairs=pairs)
+        """One engine step, called for every step (see :class:`StepCostFeed`).
+
+        Only decode steps are measured: a step that ran a request which was not decoding
+        after the step before it (it started, resumed or is still being prefilled) held a
+        prefill, whose time says nothing about what a draft token costs.
+
+        Args:
+            tokens, rows, context, pairs: the step's shape (see :class:`StepCostFeed`).
+            seconds: how long the whole step took; None when it was not timed.
+            scheduled: the request ids the step ran.
+            decoding: those that came out of it decoding (a token sampled, no prefill left).
+        """
+        decode_only = all(rid in self._decoding for rid in scheduled)
+        self._decoding = frozenset(decoding)
+        if self.cost is None or seconds is None or tokens <= 0 or seconds <= 0:
+            return
+        if not decode_only:
+            self.prefill_steps += 1
+            return
+        self.cost.observe(tokens, seconds, rows=rows, context=context, pairs=pairs)
 
     def begin(self) -> bool:
         """Starts a step (:meth:`DraftSession.begin`): False when the drafter is still busy
@@ -170,13 +199,15 @@ class ChainDrafting:
         return chains
 
     def stats(self) -> dict[str, Any]:
-        """Whether chains are sized; counters: steps, drafts, the session's (the request
-        book, the guard, what other replicas' text gave), a remote client's own fallbacks,
-        the draft nodes the core sized away (in-process)."""
+        """Whether chains are sized; counters: steps, drafts, steps left out of the cost
+        curve for a prefill, the session's (the request book, the guard, what other
+        replicas' text gave), a remote client's own fallbacks, the draft nodes the core sized
+        away (in-process)."""
         out: dict[str, Any] = {
             "sizing": self.cost is not None,
             "drafted_requests": self.drafted_requests,
             "draft_tokens": self.draft_tokens,
+            "prefill_steps": self.prefill_steps,
         }
         out.update(self.session.stats())
         drafter = self.guard.drafter

@@ -115,6 +115,8 @@ class LookaheadProposer:
         self._batch: Any = None
         self._schedule: Any = None
         self._step_started: float | None = None
+        # When the last call returned: a step is timed from there to the next call.
+        self._returned_at: float | None = None
         self._finished: set[str] = set()
         self._timing = _Timing()
         self.rank = tensor_parallel_rank(tensor_parallel_group())
@@ -193,13 +195,19 @@ class LookaheadProposer:
         if self._drafting is None:
             return [[] for _ in range(rows)]  # not rank 0: vLLM uses rank 0's drafts
         started = time.perf_counter()
-        engine = None if self._step_started is None else started - self._step_started
+        engine = None
+        if self._step_started is not None and self._returned_at is not None:
+            if self._step_started >= self._returned_at:  # one step since the last answer
+                # the whole step, from the last answer to this call: the scheduler and the
+                # output handling cost every step too, not only the forward pass
+                engine = started - self._returned_at
         try:
             drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, engine)
         except Exception as e:  # noqa: BLE001 - a bug here must not fail the generation
             self.drafting.warn("internal", "lookahead drafting failed: %s: %s", type(e).__name__, e)
             drafts = [[] for _ in range(rows)]
-        self._timing.add(rows, time.perf_counter() - started, engine)
+        self._returned_at = time.perf_counter()
+        self._timing.add(rows, self._returned_at - started, engine)
         self._step_started = None
         return drafts
 
@@ -257,18 +265,21 @@ class LookaheadProposer:
     ) -> None:
         """Feeds the cost curve the step that just ran (its tokens and seconds)."""
         schedule = self._schedule
-        if self.cost is None or engine_seconds is None or schedule is None:
-            return
-        per_request = getattr(schedule, "num_scheduled_tokens", None) or {}
+        per_request = (getattr(schedule, "num_scheduled_tokens", None) or {}) if schedule else {}
         context = pairs = 0
         for i, rid in enumerate(req_ids[: len(sampled)]):
             s = int(per_request.get(rid, 0))
             n = int(num_tokens[i])
             context += n
             pairs += s * (n + s)
-        tokens = int(getattr(schedule, "total_num_scheduled_tokens", 0))
         self.drafting.observe(
-            tokens, engine_seconds, rows=len(sampled), context=context, pairs=pairs
+            int(getattr(schedule, "total_num_scheduled_tokens", 0)),
+            engine_seconds,
+            rows=len(sampled),
+            context=context,
+            pairs=pairs,
+            scheduled=per_request,
+            decoding=[rid for rid, s in zip(req_ids, sampled, strict=False) if s],
         )
 
     # -- observability ----------------------------------------------------------------------

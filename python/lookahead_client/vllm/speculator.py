@@ -204,14 +204,19 @@ class LookaheadSpeculator(BaseSpeculator):
         sampled = host[:, 1]
         temps = np.maximum(host[:, 2].view(np.float32).astype(np.float64), 0.0)
         tails = host[:, 3:]
-        if self._returned_at is not None:
-            # the engine's step: from the last answer to this call
-            tokens = int(getattr(input_batch, "num_tokens", 0))
-            drafting.observe(
-                tokens, now - self._returned_at, rows=num_reqs, context=int(total.sum())
-            )
         prompt_len = states.prompt_len.np[slots_np]
         req_ids = input_batch.req_ids
+        drafting.observe(
+            int(getattr(input_batch, "num_tokens", 0)),
+            # the engine's step: from the last answer to this call
+            None if self._returned_at is None else now - self._returned_at,
+            rows=num_reqs,
+            context=int(total.sum()),
+            scheduled=req_ids[:num_reqs],
+            decoding=[
+                req_ids[b] for b in range(num_reqs) if sampled[b] > 0 and total[b] > prompt_len[b]
+            ],
+        )
         rows: list[Row] = []
         whole: list[tuple[int, int, int, float, int]] = []
         for b in range(num_reqs):
