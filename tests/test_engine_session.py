@@ -7,7 +7,7 @@ import logging
 import threading
 
 from lookahead_client import EmbeddedDrafter
-from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.book import QUIET_AFTER, RequestBook, RequestView
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.session import DraftSession
 from lookahead_client.processes.server import ServerProcess
@@ -169,3 +169,77 @@ def test_the_expectation_is_also_kept_as_sizing_weighed_it():
     assert stats["accepted_drafts"] == 0
     assert stats["expected_drafts"] == round(expected, 2)
     assert stats["weighted_expected_drafts"] == round(weighted, 2) < round(expected, 2)
+
+
+class Counting:
+    """The embedded drafter, counting its steps."""
+
+    sizes_drafts = True
+
+    def __init__(self) -> None:
+        self.inner = EmbeddedDrafter()
+        self.calls = 0
+
+    def step(self, requests, cost=None):
+        self.calls += 1
+        return self.inner.step(requests, cost)
+
+
+def _engine_step(s: DraftSession, views: list[RequestView], depth: int = 0) -> bool:
+    """One engine step that verifies at most ``depth`` tokens of each tree; True when the
+    drafter was called (the step has drafts)."""
+    assert s.begin()
+    drafts = s.draft(views)
+    if drafts is None:
+        return False
+    for j in range(len(views)):
+        index = drafts.tree_of(j)
+        s.fed(drafts, j, -1 if index < 0 else min(depth, len(drafts.batch.tree(index))))
+    return True
+
+
+def test_a_quiet_batch_calls_the_drafter_every_few_steps_and_sends_it_every_token():
+    """A request none of whose last QUIET_AFTER outcomes accepted a draft token, and that
+    has no draft to verify, is quiet: the drafter is called every ``quiet_every``-th step
+    with the tokens of the steps between. A new request, a draft to verify, or an accepted
+    token ends it."""
+    drafter = Counting()
+    s = DraftSession(DraftGuard(drafter, None), RequestBook(budget=4), LOG, quiet_every=4)
+    output = [8]
+
+    def grow() -> list[RequestView]:
+        output.append(100 + len(output))  # never drafted: nothing is accepted
+        return [RequestView("r", PROMPT, list(output))]
+
+    # the start, then QUIET_AFTER outcomes that accepted nothing
+    called = [_engine_step(s, grow()) for _ in range(1 + QUIET_AFTER)]
+    assert all(called) and s.book.quiet([RequestView("r", PROMPT, output)])
+    called = [_engine_step(s, grow()) for _ in range(8)]
+    assert called == [False, False, False, True] * 2
+    assert s.stats()["quiet_steps"] == 6 and drafter.calls == 1 + QUIET_AFTER + 2
+    # every token reached the drafter (a drafter holding otherwise restarts the request)
+    assert s.book.resyncs == 0 and s.book.needs_from("r") == len(PROMPT) + len(output)
+
+    # a new request in the batch is drafted at once
+    assert _engine_step(s, [*grow(), RequestView("new", PROMPT, [8])])
+    s.book.forget("new")
+    assert [_engine_step(s, grow()) for _ in range(4)] == [False, False, False, True]
+    # a tree to verify: the next step calls, to read its outcome
+    s.book._tracked["r"].fed_depth = 2
+    assert _engine_step(s, grow())
+
+
+def test_an_accepted_draft_token_ends_the_quiet():
+    drafter = Counting()
+    s = DraftSession(DraftGuard(drafter, None), RequestBook(budget=4), LOG, quiet_every=4)
+    output = [8]
+    for _ in range(1 + QUIET_AFTER):  # quiet, as above
+        output.append(100 + len(output))
+        _engine_step(s, [RequestView("r", PROMPT, list(output))])
+    assert s.book.quiet([RequestView("r", PROMPT, output)])
+    # the engine verifies a one-token draft and accepts it: the prompt's loop, 5 after 8
+    s.book._tracked["r"].fed_depth = 1
+    output += [5, 6]
+    assert _engine_step(s, [RequestView("r", PROMPT, list(output))])
+    assert s.book._tracked["r"].barren == 0
+    assert not s.book.quiet([RequestView("r", PROMPT, output)])

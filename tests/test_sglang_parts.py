@@ -12,9 +12,9 @@ import pytest
 
 from lookahead_client import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.config import REMOTE_QUIET_EVERY, LookaheadConfig
 from lookahead_client.engine.config import SGLANG_ENV as ENV_VAR
-from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import DraftGuard, guard_for
+from lookahead_client.engine.guard import DraftGuard, guard_for, quiet_every_for
 from lookahead_client.errors import InvalidArgumentError, UnknownRequestError
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.sglang.args import split_argv
@@ -457,6 +457,9 @@ def test_guard_deadline_and_late_answer():
         ("memory_budget_bytes", 0),
         ("memory_budget_bytes", 1024),  # below the core's fixed tables
         ("memory_budget_bytes", -1),
+        ("quiet_every", 0),
+        ("quiet_every", True),
+        ("quiet_every", 2.0),
     ],
 )
 def test_config_names_the_bad_field(field, value):
@@ -514,6 +517,18 @@ def test_the_packages_drafters_are_called_inline_and_other_drafters_behind_a_dea
     assert guard_for(remote_config, _Scripted()).deadline == 0.02
     remote = remote_config.build_drafter(num_slots=8, vocab_size=1000)
     assert guard_for(remote_config, remote).deadline is None
+    remote.close()
+
+
+def test_a_remote_client_is_called_every_few_steps_while_quiet_and_others_every_step():
+    remote_config = LookaheadConfig(target="unix:///nowhere", timeout=0.02)
+    remote = remote_config.build_drafter(num_slots=8, vocab_size=1000)
+    assert quiet_every_for(remote_config, remote) == REMOTE_QUIET_EVERY > 1
+    assert quiet_every_for(LookaheadConfig(), EmbeddedDrafter()) == 1
+    assert quiet_every_for(remote_config, _Scripted()) == 1
+    every = LookaheadConfig(target="unix:///nowhere", quiet_every=1)
+    assert quiet_every_for(every, remote) == 1  # the config's own value wins
+    assert quiet_every_for(LookaheadConfig(quiet_every=3), EmbeddedDrafter()) == 3
     remote.close()
 
 

@@ -107,6 +107,7 @@ _LOOKAHEAD_COUNTERS = (
     "sized_away",
     "fallback_steps",
     "skipped_steps",
+    "quiet_steps",
     "late_steps",
     "resyncs",
     "replica_accepted",

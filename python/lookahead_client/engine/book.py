@@ -41,6 +41,9 @@ _MAX_OWED_ENDS = 4096
 _ACCEPTANCE_MEMORY = 0.99
 _ACCEPTANCE_PRIOR = 4.0
 _ACCEPTANCE_FLOOR = 0.05
+# A request is quiet (see RequestBook.quiet) after this many outcomes in a row that accepted
+# no draft token: at temperature 1, drafts of a small model's samples are rarely accepted.
+QUIET_AFTER = 8
 
 
 def _floored_ratio(accepted: float, expected: float) -> float:
@@ -126,6 +129,8 @@ class _Tracked:
     # over the request's fed trees whose outcome is known: draft tokens accepted, and expected
     accepted: int = 0
     expected: float = 0.0
+    # known outcomes in a row that accepted no draft token (reset by one that did)
+    barren: int = 0
 
 
 @dataclass(slots=True)
@@ -221,6 +226,26 @@ class RequestBook:
         t = self._tracked.get(rid)
         return 0 if t is None else t.sent
 
+    def quiet(self, views: Sequence[RequestView]) -> bool:
+        """True when a drafter step over ``views`` can wait without losing anything it
+        could teach or be taught: every request is known to the drafter, got no draft to
+        verify last time (so no outcome is owed), and none of its last :data:`QUIET_AFTER`
+        outcomes accepted a draft token (or it is no longer drafted). New requests are
+        never quiet: they are drafted at once."""
+        tracked = self._tracked
+        for view in views:
+            if view.rid in self._disabled:
+                continue
+            t = tracked.get(view.rid)
+            if t is None or t.fed_depth > 0 or t.barren < QUIET_AFTER:
+                return False
+        return True
+
+    def pass_step(self) -> None:
+        """An engine step went by without a drafter step (:meth:`quiet`): its tokens go
+        with the next plan, and the outcome of the tree fed before it is not read."""
+        next(self._steps)
+
     @property
     def disabled(self) -> int:
         """Requests no longer drafted because the drafter kept refusing them."""
@@ -278,6 +303,7 @@ class RequestBook:
                 self.weighted_expected_drafts += t.fed_expected * t.fed_weight
                 t.accepted += accepted
                 t.expected += t.fed_expected
+                t.barren = 0 if accepted > 0 else t.barren + 1
                 if t.fed_expected > 0:
                     recent = self._recent
                     recent[0] = _ACCEPTANCE_MEMORY * recent[0] + accepted

@@ -17,12 +17,14 @@ from lookahead_client.embedded import DRAFTER_DEFAULTS
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import Drafter
 
-__all__ = ["SGLANG_ENV", "VLLM_ENV", "LookaheadConfig"]
+__all__ = ["REMOTE_QUIET_EVERY", "SGLANG_ENV", "VLLM_ENV", "LookaheadConfig"]
 
 #: The environment variable that carries a config to SGLang's plugin hook (JSON).
 SGLANG_ENV = "LOOKAHEAD_SGLANG"
 #: The environment variable that configures vLLM's ``LookaheadProposer`` (JSON).
 VLLM_ENV = "LOOKAHEAD_VLLM"
+#: A remote drafter's default :attr:`LookaheadConfig.quiet_every`.
+REMOTE_QUIET_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,14 @@ class LookaheadConfig:
         replica: the engine replica's name (remote only), so that the server counts the
             accepted draft tokens that came from other replicas' text; None: the host's name
             and the engine process's id.
+        quiet_every: while no request of a step has had a draft token accepted for a while
+            (``lookahead_client.engine.book.QUIET_AFTER`` outcomes) and none has a draft to
+            verify, the drafter is called only every ``quiet_every``-th step; the tokens of
+            the steps between go with that call (the drafter, and through a server every
+            replica, still gets every token). A new request is drafted at once. 1: every
+            step. None (the default): :data:`REMOTE_QUIET_EVERY` for the remote client, whose
+            round trip costs milliseconds on a busy host, else 1 (the embedded drafter's step
+            costs a fraction of a millisecond); see ``engine.guard.quiet_every_for``.
     """
 
     target: str | None = None
@@ -65,6 +75,7 @@ class LookaheadConfig:
     sizing: bool = True
     token: str | None = field(default=None, repr=False)
     replica: str | None = None
+    quiet_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.target is not None and not self.target.strip():
@@ -74,6 +85,13 @@ class LookaheadConfig:
         if not self.timeout > 0:
             raise InvalidArgumentError(
                 f"timeout must be > 0 seconds, got {self.timeout}", field="timeout"
+            )
+        quiet = self.quiet_every
+        if quiet is not None and (
+            isinstance(quiet, bool) or not isinstance(quiet, int) or quiet < 1
+        ):
+            raise InvalidArgumentError(
+                f"quiet_every must be an int >= 1 or None, got {quiet!r}", field="quiet_every"
             )
         # The embedded drafter's settings are checked by the core itself (one home of the
         # ranges): a config the scheduler processes would refuse fails here, at launch.

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lookahead_client.embedded import EmbeddedDrafter
-from lookahead_client.engine.config import LookaheadConfig
+from lookahead_client.engine.config import REMOTE_QUIET_EVERY, LookaheadConfig
 from lookahead_client.errors import InvalidArgumentError
 from lookahead_client.types import DraftBatch, Drafter, EngineCost, StepRequest
 
-__all__ = ["DraftGuard", "Outcome", "guard_for"]
+__all__ = ["DraftGuard", "Outcome", "guard_for", "quiet_every_for"]
 
 _log = logging.getLogger("lookahead_client.engine")
 
@@ -288,6 +288,16 @@ def guard_for(config: LookaheadConfig, drafter: Drafter) -> DraftGuard:
     if isinstance(drafter, EmbeddedDrafter) or _is_remote_client(drafter):
         return DraftGuard(drafter, None, describe=describe)
     return DraftGuard(drafter, config.timeout, describe=describe)
+
+
+def quiet_every_for(config: LookaheadConfig, drafter: Drafter) -> int:
+    """How often an engine calls ``drafter`` while its requests are quiet
+    (:class:`~lookahead_client.engine.session.DraftSession`): ``config.quiet_every``, by
+    default every :data:`~lookahead_client.engine.config.REMOTE_QUIET_EVERY`-th step for the
+    remote client and every step for any other drafter."""
+    if config.quiet_every is not None:
+        return config.quiet_every
+    return REMOTE_QUIET_EVERY if _is_remote_client(drafter) else 1
 
 
 def _is_remote_client(drafter: Drafter) -> bool:

@@ -7,8 +7,8 @@ Every engine step goes the same way, whichever engine asks:
    step has no drafts.
 2. :meth:`DraftSession.draft` plans the step from the engine's views of its requests (the book
    sends each request's tokens once), runs it behind the deadline guard and commits what the
-   drafter now holds; ``None`` when there is nothing to use (no request to draft, too late, or
-   the drafter failed as a whole).
+   drafter now holds; ``None`` when there is nothing to use (no request to draft, too late, the
+   drafter failed as a whole, or a quiet step that did not call it).
 3. The engine lays the trees out in its own arrays, and tells the session what each request got
    (:meth:`DraftSession.fed`), so the next step can check the drafter's expectations against
    what the engine accepted; a tree the engine cannot use is :meth:`DraftSession.refused`.
@@ -27,7 +27,7 @@ from typing import Any
 from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.warn_once import WarnOnce
-from lookahead_client.errors import LookaheadError
+from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.types import DraftBatch, EngineCost
 
 __all__ = ["DraftSession", "Drafts"]
@@ -61,14 +61,29 @@ class DraftSession:
         guard: the drafter behind its deadline.
         book: the engine's requests as the drafter holds them.
         log: where problems are logged (once per kind, then counted).
+        quiet_every: while every request of a step is quiet (:meth:`RequestBook.quiet`:
+            nothing accepted for a while, nothing to verify), the drafter is called only
+            every ``quiet_every``-th step, the tokens of the steps between going with that
+            call; 1 calls it every step. For a drafter whose call costs more than it is
+            likely to give (a server's round trip at temperature 1).
     """
 
-    def __init__(self, guard: DraftGuard, book: RequestBook, log: logging.Logger) -> None:
+    def __init__(
+        self, guard: DraftGuard, book: RequestBook, log: logging.Logger, quiet_every: int = 1
+    ) -> None:
+        if quiet_every < 1:
+            raise InvalidArgumentError(
+                f"quiet_every must be >= 1, got {quiet_every}", field="quiet_every"
+            )
         self.guard = guard
         self.book = book
         self.warn = WarnOnce(log)
+        self.quiet_every = quiet_every
         #: Engine steps begun.
         self.steps = 0
+        #: Steps that did not call the drafter because their requests were quiet.
+        self.quiet_steps = 0
+        self._quiet_run = 0  # quiet steps since the drafter was last called
 
     def begin(self) -> bool:
         """Starts a step: commits the answers that came in late. False when the drafter is
@@ -85,6 +100,12 @@ class DraftSession:
         """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
         the step has none to use. A ``cost`` goes to the drafter with the measured acceptance
         of the scores of these requests (:meth:`RequestBook.acceptance_of`)."""
+        if self._quiet_run + 1 < self.quiet_every and self.book.quiet(views):
+            self._quiet_run += 1
+            self.quiet_steps += 1
+            self.book.pass_step()
+            return None
+        self._quiet_run = 0
         plan = self.book.plan(views)
         if not plan.requests:
             return None
@@ -123,13 +144,15 @@ class DraftSession:
             return {}
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the loop: steps, the book's requests and calibration counts, problems
-        by kind, the guard's own (deadlines, skips, fallbacks, proposer time), and the draft
-        tokens this engine accepted as its drafter counted them, with those drafted from
-        other replicas' text (``replica_accepted``, ``cross_replica_accepted``)."""
+        """Counters of the loop: steps (and those that were quiet), the book's requests and
+        calibration counts, problems by kind, the guard's own (deadlines, skips, fallbacks,
+        proposer time), and the draft tokens this engine accepted as its drafter counted them,
+        with those drafted from other replicas' text (``replica_accepted``,
+        ``cross_replica_accepted``)."""
         book = self.book
         out: dict[str, Any] = {
             "steps": self.steps,
+            "quiet_steps": self.quiet_steps,
             "tracked_requests": len(book),
             "resyncs": book.resyncs,
             "accepted_drafts": book.accepted_drafts,

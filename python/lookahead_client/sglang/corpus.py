@@ -103,6 +103,8 @@ class DrafterCorpus:
         share: for tensor parallelism, see :data:`Share`; None with one rank.
         shape: the drafts asked for (:attr:`DraftShape.SIZED_TREE`: cut against each step's
             cost, see :class:`StepContext`).
+        quiet_every: how often the drafter is called while the batch is quiet (see
+            :class:`~lookahead_client.engine.session.DraftSession`).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class DrafterCorpus:
         vocab_size: int,
         share: Share | None = None,
         shape: DraftShape = DraftShape.TREE,
+        quiet_every: int = 1,
     ) -> None:
         if num_slots < 1:
             raise InvalidArgumentError(
@@ -127,7 +130,9 @@ class DrafterCorpus:
         self._share = share
         #: The drafting loop; None on ranks that receive their drafts (``share``).
         self.session = (
-            None if guard is None else DraftSession(guard, RequestBook(num_slots - 1, shape), _log)
+            None
+            if guard is None
+            else DraftSession(guard, RequestBook(num_slots - 1, shape), _log, quiet_every)
         )
         self._context: StepContext | None = None
         self._corpora: dict[str, int] = {}

@@ -36,7 +36,7 @@ from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import guard_for
+from lookahead_client.engine.guard import guard_for, quiet_every_for
 from lookahead_client.sglang.corpus import DrafterCorpus, Share, StepContext, broadcast_share
 from lookahead_client.sglang.step_modes import StepModes
 from lookahead_client.types import Drafter, DraftShape
@@ -117,6 +117,7 @@ class LookaheadNGRAMWorker(NGRAMWorker):
         vocab_size = model_config.vocab_size
         share, drafts_here = _tensor_parallel_share()
         guard = None
+        quiet_every = 1
         if drafts_here:
             if drafter is None:
                 drafter = config.build_drafter(
@@ -125,6 +126,7 @@ class LookaheadNGRAMWorker(NGRAMWorker):
                     context_len=int(getattr(model_config, "context_len", 0) or 0),
                 )
             guard = guard_for(config, drafter)
+            quiet_every = quiet_every_for(config, drafter)
         # Plain steps need one decision for every rank (so no tensor parallelism), and are
         # not wired for the overlap scheduler's relay nor for hybrid models' state, which
         # SGLang commits in its verify branch only.
@@ -141,6 +143,7 @@ class LookaheadNGRAMWorker(NGRAMWorker):
             vocab_size=vocab_size,
             share=share,
             shape=DraftShape.SIZED_TREE if sized else DraftShape.TREE,
+            quiet_every=quiet_every,
         )
         with _corpus_built_as(corpus):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)

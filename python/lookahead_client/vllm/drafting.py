@@ -21,7 +21,7 @@ import numpy as np
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.checks import draft_problem
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.engine.guard import DraftGuard, guard_for
+from lookahead_client.engine.guard import DraftGuard, guard_for, quiet_every_for
 from lookahead_client.engine.session import DraftSession
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.engine.warn_once import WarnOnce
@@ -85,7 +85,10 @@ class ChainDrafting:
         )
         shape = DraftShape.SIZED_CHAIN if config.sizing else DraftShape.CHAIN
         self.session = DraftSession(
-            guard_for(config, drafter), RequestBook(budget=k, shape=shape), _log
+            guard_for(config, drafter),
+            RequestBook(budget=k, shape=shape),
+            _log,
+            quiet_every=quiet_every_for(config, drafter),
         )
         #: The engine's step times, fitted; the core sizes chains against them.
         self.cost = StepCostFeed() if config.sizing else None
