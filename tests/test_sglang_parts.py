@@ -583,6 +583,7 @@ def test_launcher_flags_are_split_from_sglang_flags():
     assert config == LookaheadConfig(namespace="llama", max_ngram=8, chain=True)
     assert rest == ["--model-path", "m", "--tp", "2", "--speculative-algorithm", "NGRAM"]
     assert split_argv(["--lookahead-no-sizing"])[0] == LookaheadConfig(sizing=False)
+    assert split_argv(["--lookahead-quiet-every", "1"])[0] == LookaheadConfig(quiet_every=1)
     _, rest = split_argv(["--speculative-algorithm=ngram", "--lookahead-t", "x"])
     assert rest == ["--speculative-algorithm=ngram", "--lookahead-t", "x"]  # no abbreviations
     with pytest.raises(InvalidArgumentError) as e:

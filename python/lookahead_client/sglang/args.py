@@ -81,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="verify every decode step (default: a batch whose drafts do not pay for a "
         "verify step runs as a plain decode step, where measured cheaper)",
     )
+    g.add_argument(
+        "--lookahead-quiet-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="while no request of a batch has had a draft accepted for a while, call the "
+        "drafter every N-th step (default: a server every 4th, the embedded drafter every step)",
+    )
 
 
 def lookahead_help() -> str:
@@ -105,6 +113,7 @@ def config_from_args(ns: argparse.Namespace) -> LookaheadConfig:
         min_score=ns.lookahead_min_score,
         chain=ns.lookahead_chain,
         sizing=ns.lookahead_sizing,
+        quiet_every=ns.lookahead_quiet_every,
         token=_read_token(ns.lookahead_token_file),
     )
 
