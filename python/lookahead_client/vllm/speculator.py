@@ -4,9 +4,10 @@ vLLM's V2 model runner builds it on the last pipeline stage with its request sta
 :meth:`LookaheadSpeculator.propose` after every step. Request identity comes from vLLM itself
 (``input_batch.req_ids``, ``on_requests_finished``): no monkeypatching. Each step it reads
 from vLLM's request states, in one copy to the host, every row's length, sampled count,
-temperature and last K + 1 tokens (gathered on the device: a step appends at most K + 1
-tokens, and the drafter holds the rest); only a request that starts (or fell behind that
-window) has its whole history read, once, in a second copy. It asks
+temperature and last tokens (gathered on the device; the drafter holds the rest): K + 1 of
+them, as a step appends at most K + 1, or ``quiet_every`` if larger, as a quiet stretch
+appends that many before the drafter is called. Only a request that starts (or fell behind
+that window) has its whole history read, once, in a second copy. It asks
 :class:`~lookahead_client.vllm.drafting.ChainDrafting` for chains, and writes them into the
 ``[num_reqs, K]`` draft tensor vLLM verifies. vLLM 0.34 verifies K slots for every row: a row
 without a draft (or a short one) is padded with token 0, which vLLM rejects unless the model
@@ -85,8 +86,13 @@ class LookaheadSpeculator(BaseSpeculator):
         self._finished: set[str] = set()
         self._returned_at: float | None = None
         self.ended = 0
-        # A step appends at most K + 1 tokens to a request: the window read every step.
-        self._offsets = torch.arange(self.k + 1, dtype=torch.int64, device=device)
+        # The window read every step: a step appends at most K + 1 tokens to a request, and
+        # a quiet stretch (the drafter not called, no draft to verify: one token a step) at
+        # most quiet_every before the drafter hears of them.
+        window = self.k + 1
+        if self.drafting is not None:
+            window = max(window, self.drafting.session.quiet_every)
+        self._offsets = torch.arange(window, dtype=torch.int64, device=device)
         #: Rows read as the window's tail (the drafter held the rest), and rows whose whole
         #: history was read (requests that start, or fell behind the window).
         self.tail_reads = 0
