@@ -391,6 +391,13 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
     env.pop("LOOKAHEAD_VLLM", None)
     # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    # The engine in the trial's own process. vLLM's default on CPU puts its engine core and
+    # its worker in two more processes that busy-poll each other for a second after every
+    # message: on a small CPU the pollers take the cores the model and the drafter need, so
+    # every trial's time depended on the scheduler (docs/vllm.md runs 5-18: the load 4-6
+    # with two engines on 2 cores, a configuration's rounds 0.5-2x apart). A GPU node gives
+    # those pollers cores of their own.
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if engines > 1:
         # vLLM's CPU worker binds its threads to every core of the node by default: engines
         # side by side would share cores; unbound, each keeps to its OMP_NUM_THREADS.
