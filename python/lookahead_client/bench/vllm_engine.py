@@ -389,8 +389,6 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
     name = trial.config
     env = dict(os.environ)
     env.pop("LOOKAHEAD_VLLM", None)
-    # collective_rpc sends proposer_stats (a function) to the worker process by pickle.
-    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     # The engine in the trial's own process. vLLM's default on CPU puts its engine core and
     # its worker in two more processes that busy-poll each other for a second after every
     # message: on a small CPU the pollers take the cores the model and the drafter need, so
