@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from lookahead_client import EmbeddedDrafter
 from lookahead_client.engine.book import QUIET_AFTER, RequestBook, RequestView
@@ -185,11 +186,13 @@ class Counting:
         return self.inner.step(requests, cost)
 
 
-def _engine_step(s: DraftSession, views: list[RequestView], depth: int = 0) -> bool:
+def _engine_step(
+    s: DraftSession, views: list[RequestView], depth: int = 0, cost: EngineCost | None = None
+) -> bool:
     """One engine step that verifies at most ``depth`` tokens of each tree; True when the
     drafter was called (the step has drafts)."""
     assert s.begin()
-    drafts = s.draft(views)
+    drafts = s.draft(views, cost)
     if drafts is None:
         return False
     for j in range(len(views)):
@@ -243,3 +246,60 @@ def test_an_accepted_draft_token_ends_the_quiet():
     assert _engine_step(s, [RequestView("r", PROMPT, list(output))])
     assert s.book._tracked["r"].barren == 0
     assert not s.book.quiet([RequestView("r", PROMPT, output)])
+    # a token accepted of a quiet request's tree: what calls on quiet steps are worth
+    assert s.book.quiet_accepted == 1 and s.book.quiet_draws >= 1
+    assert s.stats()["quiet_accepted"] == 1
+
+
+class Slow(Counting):
+    """The embedded drafter, counting its steps, each of which takes ``seconds`` at least."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def step(self, requests, cost=None):
+        time.sleep(self.seconds)
+        return super().step(requests, cost)
+
+
+def _quiet_steps_called(s: DraftSession, steps: int, cost: EngineCost) -> list[bool]:
+    """Whether each of ``steps`` engine steps called the drafter, after the request went
+    quiet (never a token accepted)."""
+    output = [8]
+
+    def grow() -> list[RequestView]:
+        output.append(100 + len(output))
+        return [RequestView("r", PROMPT, list(output))]
+
+    for _ in range(1 + QUIET_AFTER):
+        assert _engine_step(s, grow(), cost=cost)
+    assert s.book.quiet(grow())
+    return [_engine_step(s, grow(), cost=cost) for _ in range(steps)]
+
+
+def test_a_quiet_step_calls_a_drafter_worth_its_time():
+    """With a cost curve, a quiet step is skipped only while the drafter's measured call
+    costs more than what quiet requests' trees have been accepting is worth (a token's
+    share of the plain step): a call in microseconds against a second's step is always
+    made."""
+    s = DraftSession(DraftGuard(Counting(), None), RequestBook(budget=4), LOG, quiet_every=4)
+    called = _quiet_steps_called(s, 8, EngineCost((1, 2), (1.0, 1.01)))
+    assert called == [True] * 8 and s.stats()["quiet_steps"] == 0
+    assert s.book.quiet_draws >= 8 and s.book.quiet_accepted == 0
+    assert s.call_seconds is not None and 0 < s.call_seconds < 0.5
+
+
+def test_quiet_steps_are_skipped_once_barren_trees_make_a_call_not_worth_its_time():
+    """A 10 ms call against a 1 s step: worth it while the quiet requests' record is short
+    (the prior: one token accepted in one tree), then, as their trees keep being barren,
+    not: from there every ``quiet_every``-th step calls. A step as short as the call skips
+    from the start."""
+    s = DraftSession(DraftGuard(Slow(0.01), None), RequestBook(budget=4), LOG, quiet_every=4)
+    called = _quiet_steps_called(s, 150, EngineCost((1, 2), (1.0, 1.01)))
+    first_skip = called.index(False)
+    assert 5 < first_skip < 120  # the yield falls below 1 / 100 after ~100 barren trees
+    assert called[first_skip : first_skip + 8] == [False, False, False, True] * 2
+    short = DraftSession(DraftGuard(Slow(0.01), None), RequestBook(budget=4), LOG, quiet_every=4)
+    called = _quiet_steps_called(short, 8, EngineCost((1, 2), (0.001, 0.0011)))
+    assert called == [False, False, False, True] * 2

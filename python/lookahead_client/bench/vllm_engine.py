@@ -108,6 +108,8 @@ _LOOKAHEAD_COUNTERS = (
     "fallback_steps",
     "skipped_steps",
     "quiet_steps",
+    "quiet_draws",
+    "quiet_accepted",
     "late_steps",
     "resyncs",
     "replica_accepted",

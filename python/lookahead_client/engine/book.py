@@ -189,6 +189,10 @@ class RequestBook:
         self.expected_drafts = 0.0
         self.weighted_expected_drafts = 0.0
         self._recent = [_ACCEPTANCE_PRIOR, _ACCEPTANCE_PRIOR]  # accepted, expected
+        #: Trees fed to quiet requests (:meth:`quiet`, empty ones included), and the draft
+        #: tokens the engine accepted of them: what a drafter call gives a quiet request.
+        self.quiet_draws = 0
+        self.quiet_accepted = 0
 
     @property
     def acceptance(self) -> float:
@@ -210,6 +214,14 @@ class RequestBook:
                 accepted += t.accepted
                 expected += t.expected
         return _floored_ratio(accepted, expected)
+
+    @property
+    def quiet_yield(self) -> float:
+        """Draft tokens accepted per tree fed to a quiet request, from a prior of one
+        accepted token in one tree (so an engine calls the drafter on quiet steps until its
+        own record says they give little): what a drafter call on a quiet step is worth, in
+        tokens per request (:class:`~lookahead_client.engine.session.DraftSession`)."""
+        return (self.quiet_accepted + 1) / (self.quiet_draws + 1)
 
     def __len__(self) -> int:
         return len(self._tracked)
@@ -303,6 +315,8 @@ class RequestBook:
                 self.weighted_expected_drafts += t.fed_expected * t.fed_weight
                 t.accepted += accepted
                 t.expected += t.fed_expected
+                if t.barren >= QUIET_AFTER:
+                    self.quiet_accepted += accepted
                 t.barren = 0 if accepted > 0 else t.barren + 1
                 if t.fed_expected > 0:
                     recent = self._recent
@@ -398,6 +412,8 @@ class RequestBook:
         levels (-1: a root-only fallback instead) whose scores sum to ``expected``."""
         t = self._tracked.get(plan.views[index].rid)
         if t is not None:
+            if depth >= 0 and t.barren >= QUIET_AFTER:
+                self.quiet_draws += 1
             t.fed_depth, t.fed_step, t.fed_expected = depth, plan.step, expected
             t.fed_weight = plan.acceptance
 

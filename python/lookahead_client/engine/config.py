@@ -57,12 +57,15 @@ class LookaheadConfig:
             and the engine process's id.
         quiet_every: while no request of a step has had a draft token accepted for a while
             (``lookahead_client.engine.book.QUIET_AFTER`` outcomes) and none has a draft to
-            verify, the drafter is called only every ``quiet_every``-th step; the tokens of
-            the steps between go with that call (the drafter, and through a server every
-            replica, still gets every token). A new request is drafted at once. 1: every
-            step. None (the default): :data:`REMOTE_QUIET_EVERY` for the remote client, whose
-            round trip costs milliseconds on a busy host, else 1 (the embedded drafter's step
-            costs a fraction of a millisecond); see ``engine.guard.quiet_every_for``.
+            verify, the drafter may be called only every ``quiet_every``-th step, and is
+            while its measured call costs more than quiet requests' accepted draft tokens
+            are worth on the engine's cost curve (``engine.session.DraftSession``); the
+            tokens of the steps between go with the next call (the drafter, and through a
+            server every replica, still gets every token). A new request is drafted at once.
+            1: every step. None (the default): :data:`REMOTE_QUIET_EVERY` for the remote
+            client, whose round trip costs milliseconds on a busy host, else 1 (the embedded
+            drafter's step costs a fraction of a millisecond); see
+            ``engine.guard.quiet_every_for``.
     """
 
     target: str | None = None

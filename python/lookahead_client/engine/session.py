@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from lookahead_client.engine.book import RequestBook, RequestView, StepPlan
 from lookahead_client.engine.guard import DraftGuard
@@ -31,6 +34,10 @@ from lookahead_client.errors import InvalidArgumentError, LookaheadError
 from lookahead_client.types import DraftBatch, EngineCost
 
 __all__ = ["DraftSession", "Drafts"]
+
+# The drafter's call time (DraftSession.call_seconds) is a moving mean over about the last
+# 20 calls: a server's round trip changes with its host's load.
+_CALL_TIME_MEMORY = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +69,15 @@ class DraftSession:
         book: the engine's requests as the drafter holds them.
         log: where problems are logged (once per kind, then counted).
         quiet_every: while every request of a step is quiet (:meth:`RequestBook.quiet`:
-            nothing accepted for a while, nothing to verify), the drafter is called only
+            nothing accepted for a while, nothing to verify), the drafter may be called only
             every ``quiet_every``-th step, the tokens of the steps between going with that
             call; 1 calls it every step. For a drafter whose call costs more than it is
-            likely to give (a server's round trip at temperature 1).
+            likely to give (a server's round trip at temperature 1). A quiet step is skipped
+            only while the call costs more than it is worth: its measured time
+            (:attr:`call_seconds`) against what the engine's quiet requests have made of
+            their trees (:attr:`RequestBook.quiet_yield`) times a token's time on the step's
+            cost curve. Without a curve every quiet step but each ``quiet_every``-th is
+            skipped.
     """
 
     def __init__(
@@ -84,6 +96,8 @@ class DraftSession:
         #: Steps that did not call the drafter because their requests were quiet.
         self.quiet_steps = 0
         self._quiet_run = 0  # quiet steps since the drafter was last called
+        #: The drafter's recent time per call, seconds (None before the first call).
+        self.call_seconds: float | None = None
 
     def begin(self) -> bool:
         """Starts a step: commits the answers that came in late. False when the drafter is
@@ -100,7 +114,7 @@ class DraftSession:
         """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
         the step has none to use. A ``cost`` goes to the drafter with the measured acceptance
         of the scores of these requests (:meth:`RequestBook.acceptance_of`)."""
-        if self._quiet_run + 1 < self.quiet_every and self.book.quiet(views):
+        if self._skips(views, cost):
             self._quiet_run += 1
             self.quiet_steps += 1
             self.book.pass_step()
@@ -112,13 +126,39 @@ class DraftSession:
         if cost is not None:
             plan.acceptance = self.book.acceptance_of(views)
             cost = dataclasses.replace(cost, acceptance=plan.acceptance)
+        started = time.perf_counter()
         outcome = self.guard.run(plan.requests, token=plan, cost=cost)
+        self._timed(time.perf_counter() - started)
         if outcome.late:
             return None  # committed by a later begin(), when it comes in
         self.book.commit(plan, outcome.failed, _held(outcome.batch))
         if outcome.batch is None:
             return None
         return Drafts(plan, outcome.batch, outcome.failed or frozenset())
+
+    def _skips(self, views: Sequence[RequestView], cost: EngineCost | None) -> bool:
+        """This step goes without a drafter call: its requests are quiet, the drafter was
+        called less than ``quiet_every`` steps ago, and a call costs more than the tokens
+        quiet requests have been accepting are worth. On a batch of ``n`` requests an
+        accepted token is worth a ``1/n`` share of the plain step's time, and the
+        yield is per request: the worth of a call to the batch is the yield times one plain
+        step."""
+        if self._quiet_run + 1 >= self.quiet_every or not self.book.quiet(views):
+            return False
+        if cost is None or self.call_seconds is None:
+            return True  # nothing to weigh the call against
+        plain = max(cost.base_tokens, len(views))
+        step = float(np.interp(plain, cost.tokens, cost.seconds))
+        return self.book.quiet_yield * step < self.call_seconds
+
+    def _timed(self, seconds: float) -> None:
+        """Counts one drafter call's time into :attr:`call_seconds`."""
+        last = self.call_seconds
+        self.call_seconds = (
+            seconds
+            if last is None
+            else _CALL_TIME_MEMORY * last + (1 - _CALL_TIME_MEMORY) * seconds
+        )
 
     def fed(self, drafts: Drafts, view: int, depth: int, expected: float = 0.0) -> None:
         """The engine verifies, for the ``view``-th view, a draft of ``depth`` levels (-1:
@@ -144,7 +184,8 @@ class DraftSession:
             return {}
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the loop: steps (and those that were quiet), the book's requests and
+        """Counters of the loop: steps (and those that were quiet, and what quiet requests made
+        of their trees), the book's requests and
         calibration counts, problems by kind, the guard's own (deadlines, skips, fallbacks,
         proposer time), and the draft tokens this engine accepted as its drafter counted them,
         with those drafted from other replicas' text (``replica_accepted``,
@@ -153,6 +194,8 @@ class DraftSession:
         out: dict[str, Any] = {
             "steps": self.steps,
             "quiet_steps": self.quiet_steps,
+            "quiet_draws": book.quiet_draws,
+            "quiet_accepted": book.quiet_accepted,
             "tracked_requests": len(book),
             "resyncs": book.resyncs,
             "accepted_drafts": book.accepted_drafts,
