@@ -197,13 +197,17 @@ def test_sized_chains_follow_the_engine_cost(seconds_at_64: float, drafted: bool
     # before two step sizes are measured the core keeps whole chains (which measures them)
     drafts = runner.step({"a": text[40:41]})
     assert len(drafts[0]) == K
-    assert proposer.cost is not None
+    assert proposer.cost is not None and proposer.stats()["cost_curve_ms"] is None
     proposer.cost.observe(1, 1.0)
     proposer.cost.observe(64, seconds_at_64)
     drafts = runner.step({"a": drafts[0][:2] + text[43:44]})
     assert (len(drafts[0]) == K) is drafted, drafts
     if not drafted:
         assert proposer.stats()["sized_away"] >= K
+    # what the chains were sized against, for a step of 1 to K + 1 tokens
+    curve = proposer.stats()["cost_curve_ms"]
+    assert len(curve) == K + 1 and curve[0] == pytest.approx(1000.0, rel=0.05)
+    assert curve == sorted(curve) and (curve[-1] > 1.5 * curve[0]) is not drafted
 
 
 def test_the_cost_curve_gets_whole_decode_steps_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,10 +154,15 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
 # -- the child: one configuration in one vLLM engine --------------------------------------
 
 
-def _counters(llm) -> dict[str, float]:
-    """vLLM's speculative counters, and the lookahead proposer's (when it has one)."""
+def _proposer(llm) -> dict[str, Any] | None:
+    """The lookahead proposer's stats (None: the engine has none)."""
     from lookahead_client.vllm import proposer_stats
 
+    return next((s for s in llm.collective_rpc(proposer_stats) if s is not None), None)
+
+
+def _counters(llm) -> dict[str, float]:
+    """vLLM's speculative counters, and the lookahead proposer's (when it has one)."""
     counted = (_ACCEPTED, _DRAFTS, _DRAFT_TOKENS)
     observed = (_FIRST_TOKENS, _LATER_STEPS, _ENGINE_STEPS)
     out = dict.fromkeys(counted + observed, 0.0)
@@ -166,7 +171,7 @@ def _counters(llm) -> dict[str, float]:
             out[metric.name] += float(metric.value)
         elif metric.name in observed:
             out[metric.name] += float(metric.count)
-    stats = next((s for s in llm.collective_rpc(proposer_stats) if s is not None), None)
+    stats = _proposer(llm)
     if stats is not None:
         for key in _LOOKAHEAD_COUNTERS:
             out[key] = float(stats.get(key) or 0)
@@ -198,8 +203,6 @@ def _child(spec_path: str) -> int:
     spec = json.loads(pathlib.Path(spec_path).read_text())
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from lookahead_client.vllm import proposer_stats
 
     started = time.perf_counter()
     llm = LLM(
@@ -247,6 +250,9 @@ def _child(spec_path: str) -> int:
         before = _counters(llm)
         row["prompts"] = [_timed_request(llm, p, params) for p in sets["batch1"]]
         middle = _counters(llm)
+        stats = _proposer(llm)
+        if stats is not None:  # what the chains of these prompts were sized against
+            row["cost_curve_ms_batch1"] = stats.get("cost_curve_ms")
         t = time.perf_counter()
         batch = sets["batch"]
         out = (
@@ -264,8 +270,7 @@ def _child(spec_path: str) -> int:
         row["counters_batch1"] = delta(middle, before)
         row["counters_batch"] = delta(_counters(llm), middle)
         result["workloads"][workload] = row
-    stats = [s for s in llm.collective_rpc(proposer_stats) if s is not None]
-    result["proposer"] = stats[0] if stats else None
+    result["proposer"] = _proposer(llm)
     pathlib.Path(spec["out"]).write_text(json.dumps(result))
     return 0
 
@@ -479,6 +484,12 @@ def run_vllm(args: argparse.Namespace) -> int:
     for name, res in out["rounds"][-1].items():
         if res.get("proposer"):
             print(f"{name}: proposer time by batch size: {json.dumps(res['proposer']['timing'])}")
+        for workload, row in res["workloads"].items():
+            if row.get("cost_curve_ms_batch1"):
+                print(
+                    f"{name}: step ms the chains were sized against after {workload}'s batch 1 "
+                    f"(1 to K + 1 tokens): {row['cost_curve_ms_batch1']}"
+                )
     return 0
 
 

@@ -11,6 +11,8 @@ clipped against it by the model's outlier rule, without a refit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from lookahead_client.cost import CostModel, token_knots
@@ -76,6 +78,13 @@ class StepCostFeed:
             self._age = 0
         self._age += 1
         return self._curve
+
+    def seconds_at(self, tokens: Sequence[int]) -> list[float] | None:
+        """The last curve handed out (:meth:`curve`), read at ``tokens`` verified: what the
+        core is sizing against now; None before the first. Reading it changes nothing."""
+        if self._curve is None:
+            return None
+        return np.interp(tokens, self._curve.tokens, self._curve.seconds).tolist()
 
     def __repr__(self) -> str:
         return f"StepCostFeed(padded={self.padded}, {self.model!r})"
