@@ -136,6 +136,23 @@ def test_a_slow_step_where_the_fit_never_measured_is_news_not_an_outlier():
     assert model.predict(256)[0] > 10 * cpu_like(256)
 
 
+def test_one_slow_step_at_a_rare_size_does_not_bend_an_engines_curve():
+    """The engines' curve (StepCostFeed) needs several steps to change its slope at a knot:
+    one slow step at a size the core seldom drafts (2 tokens, among many at 1, 6 and 9) does
+    not make every size up to 6 cost as much as 6 (docs/vllm.md run 23)."""
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    feed = StepCostFeed()
+    for _ in range(40):
+        for tokens, ms in ((1, 57.0), (6, 70.0), (9, 78.0)):
+            feed.observe(tokens, ms / 1e3, context=700)
+    feed.observe(2, 0.095, context=700)
+    assert feed.curve() is not None
+    at = feed.seconds_at([1, 2, 3, 6])
+    assert at[1] < 0.5 * (at[0] + at[3]), at  # below the chord: near the line from 1 to 6
+    assert at[1] < at[2] < at[3]
+
+
 def test_from_measurements_fits_a_profile():
     rows = [{"tokens": t, "seconds": gpu_like(t)} for t in (1, 64, 256, 512, 1024)]
     model = CostModel.from_measurements(rows)

@@ -24,6 +24,11 @@ __all__ = ["StepCostFeed"]
 _REFRESH_EVERY = 32
 # Every this many steps the core drafts one token beyond its choice (see EngineCost).
 _EXPLORE_EVERY = 32
+# A change of the curve's slope at a knot needs the evidence of about this many steps
+# (CostModel's smoothing): the core's own choices leave some sizes with a step or two, and
+# one slow step there (a 94 ms step among steps of 70 ms, docs/vllm.md run 23) bent the
+# curve, made short chains look as dear as long ones, and kept the core from measuring them.
+_SMOOTHING = 4.0
 
 
 class StepCostFeed:
@@ -38,7 +43,7 @@ class StepCostFeed:
     def __init__(
         self, *, padded: bool = False, max_tokens: int = 4096, explore_every: int = _EXPLORE_EVERY
     ) -> None:
-        self.model = CostModel(max_tokens=max_tokens)
+        self.model = CostModel(max_tokens=max_tokens, smoothing=_SMOOTHING)
         self.padded = padded
         self.explore_every = explore_every
         self._knots = token_knots(max_tokens).astype(np.int64)
