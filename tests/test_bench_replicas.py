@@ -43,11 +43,18 @@ def test_rollouts_spread_each_prompts_samples_and_repeat_each_on_another_replica
     assert all(s > last_first for s, _, r in requests if r["kind"] == "repeat")
 
 
-def test_rollouts_refuse_one_engine_one_sample_or_greedy():
+def test_rollouts_refuse_one_engine_one_sample_or_a_negative_temperature():
     prompts = [_prompt("p", 0, "A")]
-    for n, engines, temperature in ((4, 1, 1.0), (1, 2, 1.0), (4, 2, 0.0)):
+    for n, engines, temperature in ((4, 1, 1.0), (1, 2, 1.0), (4, 2, -0.5)):
         with pytest.raises(ValueError):
             plan_samples(prompts, n, engines, temperature)
+
+
+def test_greedy_rollouts_are_the_same_generation_on_every_replica():
+    plan = plan_samples([_prompt("p", 0, "A")], 4, 2, temperature=0.0)
+    requests = _requests(plan)
+    assert len(requests) == 8 and all(r["temperature"] == 0.0 for _, _, r in requests)
+    assert {e for _, e, r in requests if r["kind"] == "first"} == {0, 1}
 
 
 def test_greedy_traffic_as_passes_keeps_every_request_and_names_its_pass():

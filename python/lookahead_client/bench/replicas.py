@@ -6,7 +6,8 @@ does (:mod:`.sharing`). Every workload runs two passes: ``first`` (every prompt 
 ``repeat`` (the same prompts again, each request on another replica than the first time).
 Greedy workloads send the two prompts of each workload group (one document or source file)
 to different replicas; rollout workloads (``--n STEM=N``) send each prompt's N samples as N
-requests with the same prompt, spread over the replicas, at ``--temperature``.
+requests with the same prompt, spread over the replicas, at ``--temperature`` (0: greedy
+rollouts, whose outputs are checked against plain's like every greedy workload's).
 
 The configurations, side by side in rounds (:mod:`.rounds`, the method of ``lookahead-bench
 vllm``): ``plain``; ``suffix`` (vLLM's suffix decoding, per replica); ``lookahead-private``
@@ -93,7 +94,12 @@ def add_replicas_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated (plain always runs); known: " + ", ".join(CONFIGS),
     )
     rp.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    rp.add_argument("--temperature", type=float, default=1.0, help="of the rollout workloads")
+    rp.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="of the rollout workloads (0: greedy, a prompt's N requests the same generation)",
+    )
     rp.add_argument("--max-prompt-tokens", type=int, default=1024)
     rp.add_argument("--max-new-tokens", type=int, default=64)
     rp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")

@@ -127,15 +127,17 @@ def plan_samples(
     """Rollouts: ``plan[slot][engine]`` with one prompt per slot, its ``n`` samples as ``n``
     requests with the same prompt dealt round robin over the engines (``first``); then every
     prompt again, ``n`` new samples, each on the engine after the one that took it the first
-    time (``repeat``). Each request carries its ``temperature`` and a ``seed`` of its own.
+    time (``repeat``). Each request carries its ``temperature`` and a ``seed`` of its own; at
+    temperature 0 (greedy rollouts, an evaluation harness sending a prompt ``n`` times) the
+    ``n`` requests are the same generation.
 
     Raises:
-        ValueError: fewer than 2 engines or 2 samples, or a temperature not above 0.
+        ValueError: fewer than 2 engines or 2 samples, or a negative temperature.
     """
     if engines < 2 or n < 2:
         raise ValueError(f"rollouts need 2 engines and 2 samples, got {engines} and {n}")
-    if not temperature > 0:
-        raise ValueError(f"rollouts are sampled: temperature must be > 0, got {temperature}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
     plan: Plan = []
     for shift, kind in enumerate(PASSES):
         for prompt in prompts:
