@@ -138,11 +138,10 @@ class DraftSession:
 
     def _skips(self, views: Sequence[RequestView], cost: EngineCost | None) -> bool:
         """This step goes without a drafter call: its requests are quiet, the drafter was
-        called less than ``quiet_every`` steps ago, and a call costs more than the tokens
-        quiet requests have been accepting are worth. On a batch of ``n`` requests an
-        accepted token is worth a ``1/n`` share of the plain step's time, and the
-        yield is per request: the worth of a call to the batch is the yield times one plain
-        step."""
+        called less than ``quiet_every`` steps ago, and the call costs more than it is worth.
+        Its worth: each of the batch's ``n`` requests expects the quiet yield in accepted
+        tokens, and an accepted token saves its request a ``1/n`` share of a plain step, so
+        the call is worth the yield times one plain step."""
         if self._quiet_run + 1 >= self.quiet_every or not self.book.quiet(views):
             return False
         if cost is None or self.call_seconds is None:
@@ -184,12 +183,11 @@ class DraftSession:
             return {}
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the loop: steps (and those that were quiet, and what quiet requests made
-        of their trees), the book's requests and
-        calibration counts, problems by kind, the guard's own (deadlines, skips, fallbacks,
-        proposer time), and the draft tokens this engine accepted as its drafter counted them,
-        with those drafted from other replicas' text (``replica_accepted``,
-        ``cross_replica_accepted``)."""
+        """Counters of the loop: steps (those that were quiet, and what quiet requests made
+        of their trees), the book's requests and calibration counts, problems by kind, the
+        guard's own (deadlines, skips, fallbacks, proposer time), and the draft tokens this
+        engine accepted as its drafter counted them, with those drafted from other replicas'
+        text (``replica_accepted``, ``cross_replica_accepted``)."""
         book = self.book
         out: dict[str, Any] = {
             "steps": self.steps,

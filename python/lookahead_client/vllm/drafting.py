@@ -202,13 +202,12 @@ class ChainDrafting:
         return chains
 
     def stats(self) -> dict[str, Any]:
-        """Whether chains are sized, and the step times in ms the core sizes against now
-        for a step verifying 1 to K + 1 tokens (one request and its draft;
-        ``cost_curve_ms``, for steps like the last one measured; None before the first
-        fit); counters: steps, drafts, steps left out of
-        the cost curve for a prefill, the session's (the request book, the guard, what other
-        replicas' text gave), a remote client's own fallbacks, the draft nodes the core sized
-        away (in-process)."""
+        """Whether chains are sized, and the step times in ms the core sizes against now for
+        a step verifying 1 to K + 1 tokens (``cost_curve_ms``: one request and its draft,
+        for steps like the last one measured; None before the first fit); counters: steps,
+        drafts, steps left out of the cost curve for a prefill, the session's (the request
+        book, the guard, what other replicas' text gave), a remote client's own fallbacks,
+        the draft nodes the core sized away (in-process)."""
         curve = None
         if self.cost is not None:
             seconds = self.cost.seconds_at(range(1, self.k + 2))
