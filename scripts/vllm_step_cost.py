@@ -53,6 +53,7 @@ class FixedProposer:
 
 
 def _proposer(worker: Any) -> Any:
+    """The proposer of a vLLM worker's model runner (this script's or lookahead's)."""
     return worker.model_runner.drafter
 
 
