@@ -117,10 +117,17 @@ def test_run_rounds_says_the_cost_first_and_counts_each_trials_child_cpu():
 
 
 def _child_result(
-    seconds: float, batch_seconds: float, outputs, *, accepted=0.0, drafts=0.0, steps=100.0
+    seconds: float,
+    batch_seconds: float,
+    outputs,
+    *,
+    accepted=0.0,
+    drafts=0.0,
+    steps=100.0,
+    tokens=50,
 ):
     """A vLLM bench child's result for one workload: two batch-1 prompts (halves A, B) of
-    50 tokens each and a full batch of 100 tokens, in ``steps`` request-steps."""
+    ``tokens`` tokens each and a full batch of twice that, in ``steps`` request-steps."""
     counters = {
         "vllm:spec_decode_num_accepted_tokens": accepted,
         "vllm:spec_decode_num_drafts": drafts,
@@ -130,7 +137,7 @@ def _child_result(
         "vllm:iteration_tokens_total": steps,
     }
     prompts = [
-        {"id": str(i), "half": half, "seconds": seconds / 2, "tokens": 50, "outputs": [out]}
+        {"id": str(i), "half": half, "seconds": seconds / 2, "tokens": tokens, "outputs": [out]}
         for i, (half, out) in enumerate(zip("AB", outputs, strict=True))
     ]
     return {
@@ -141,7 +148,7 @@ def _child_result(
                 "prompts": prompts,
                 "batch": {
                     "seconds": batch_seconds,
-                    "tokens": 100,
+                    "tokens": 2 * tokens,
                     "outputs": [[o] for o in outputs],
                 },
                 "counters_batch1": counters,
@@ -187,6 +194,26 @@ def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
     assert table["wrong"]["identical_batch1"] == 1 and table["wrong"]["identical_batch"] is False
     assert table["wrong"]["prompts_over_5pct_slower"] == 2
     assert summarise(rounds, "w", "A", per_step_figures)["drafty"]["prompts"] == 1
+
+
+def test_speedups_are_per_output_token_so_sampled_text_that_stops_early_is_not_fast():
+    """Sampled outputs end where their EOS falls: a configuration that wrote half the tokens
+    in half the time is as fast as plain, not twice as fast."""
+    same = [[1], [2]]
+    rounds = [
+        {
+            "plain": _child_result(10.0, 4.0, same),
+            "null": _child_result(5.0, 2.0, same, tokens=25),
+            "lookahead": _child_result(6.0, 2.0, same),
+        }
+    ]
+    table = summarise(rounds, "w", None, per_step_figures)
+    assert table["null"]["speedup_batch1"] == 1.0 and table["null"]["speedup_batch"] == 1.0
+    assert table["null"]["slowest_prompt_speedup"] == 1.0
+    assert table["lookahead"]["speedup_batch1"] == round(10.0 / 6.0, 3)
+    [against_null] = versus(rounds, "w", ())["lookahead"]["batch1"]
+    assert against_null["against"] == "null" and against_null["verdict"] == "ahead"
+    assert against_null["ratio"]["median"] == round(5.0 / 25 / (6.0 / 50), 3)
 
 
 def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():

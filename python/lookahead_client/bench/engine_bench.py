@@ -140,6 +140,19 @@ def pass_figures(run: dict, name: str, keep: Sequence[int]) -> tuple[float, int,
     return run["batch"]["seconds"], run["batch"]["tokens"], run["batch"]["outputs"]
 
 
+def per_token(seconds: float, tokens: int) -> float:
+    """Seconds per output token: what speed-ups compare. Sampled outputs end where their EOS
+    falls, so two configurations' passes over the same prompts write different amounts of
+    text; per token, a pass that stopped early does not count as fast."""
+    return seconds / max(tokens, 1)
+
+
+def _prompt_per_token(result: dict, workload: str, i: int) -> float:
+    """Seconds per output token of the ``i``-th batch-1 prompt in a child's ``result``."""
+    prompt = result["workloads"][workload]["prompts"][i]
+    return per_token(prompt["seconds"], prompt["tokens"])
+
+
 def summarise(
     rounds: Sequence[dict[str, dict]],
     workload: str,
@@ -147,10 +160,11 @@ def summarise(
     per_step: Callable[[list[dict[str, float]], int], dict[str, Any]],
 ) -> dict:
     """Per configuration, over rounds, for each pass (``batch1``, and ``batch`` when ``half``
-    is None): tokens/s and the speed-up over the same round's ``plain`` (medians; ``ranges``
-    holds each one's [min, max]), identical outputs (``identical_batch1``: the prompts equal
-    to plain's in every round; ``identical_batch``: all of them; None when sampled), and what
-    the configuration did per engine step.
+    is None): tokens/s and the speed-up over the same round's ``plain`` in time per output
+    token (:func:`per_token`; medians; ``ranges`` holds each one's [min, max]), identical
+    outputs (``identical_batch1``: the prompts equal to plain's in every round;
+    ``identical_batch``: all of them; None when sampled), and what the configuration did per
+    engine step.
 
     Args:
         rounds: per round, each configuration's child result.
@@ -171,7 +185,7 @@ def summarise(
             {c: pass_figures(res["workloads"][workload], p, keep) for c, res in r.items()}
             for r in rounds
         ]
-        fast = speedups([{c: m[0] for c, m in r.items()} for r in measured])
+        fast = speedups([{c: per_token(*m[:2]) for c, m in r.items()} for r in measured])
         for name, entry in out.items():
             runs = [r[name] for r in measured]
             bases = [r[BASELINE] for r in measured]
@@ -200,8 +214,8 @@ def summarise(
     for name, entry in out.items():
         per_prompt = [
             Spread.of(
-                r[BASELINE]["workloads"][workload]["prompts"][i]["seconds"]
-                / r[name]["workloads"][workload]["prompts"][i]["seconds"]
+                _prompt_per_token(r[BASELINE], workload, i)
+                / _prompt_per_token(r[name], workload, i)
                 for r in rounds
             ).median
             for i in keep
@@ -219,7 +233,8 @@ def versus(
 ) -> dict[str, dict]:
     """Each lookahead configuration against the best of the engine's own drafters in the run
     (by median speed-up, per pass) and against ``null`` when it ran, paired round by round
-    (see :func:`.rounds.compare`): ``{config: {pass: [{"against", "verdict", "ratio"}]}}``.
+    in time per output token (see :func:`.rounds.compare`, :func:`per_token`):
+    ``{config: {pass: [{"against", "verdict", "ratio"}]}}``.
 
     Args:
         engine_drafters: the names (before any ``:``) of the engine's own drafters.
@@ -234,7 +249,7 @@ def versus(
     out: dict[str, dict] = {}
     for p in passes:
         seconds = {
-            c: [pass_figures(r[c]["workloads"][workload], p, keep)[0] for r in rounds]
+            c: [per_token(*pass_figures(r[c]["workloads"][workload], p, keep)[:2]) for r in rounds]
             for c in names
         }
         fast = speedups([{c: seconds[c][i] for c in names} for i in range(len(rounds))])
