@@ -20,6 +20,7 @@ from vllm_support import (
 
 from lookahead_client.processes.server import ServerProcess
 from lookahead_client.vllm import proposer_stats
+from lookahead_client.vllm.cpu_sampling import expand_works
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 
@@ -61,6 +62,9 @@ def test_embedded_greedy_output_is_vllms_and_each_request_is_fed_once(
     k = 4
     llm = make_llm(tiny_model, lookahead_spec(k))
     try:
+        # The worker registered vLLM's CPU kernels, then the proposer repaired the broken one
+        # (see test_cpu_sampling): the sampled requests below are verified right.
+        assert expand_works()
         [proposer] = llm.collective_rpc(lambda worker: worker.model_runner.drafter)
         recording = Recording(proposer.guard.drafter)
         proposer.guard.drafter = recording

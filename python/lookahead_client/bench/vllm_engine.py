@@ -204,6 +204,8 @@ def _child(spec_path: str) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from lookahead_client.vllm.cpu_sampling import repair_expand
+
     started = time.perf_counter()
     llm = LLM(
         model=spec["model"],
@@ -220,6 +222,10 @@ def _child(spec_path: str) -> int:
         kv_cache_memory_bytes=_KV_CACHE_BYTES,
     )
     result: dict[str, Any] = {"startup_s": round(time.perf_counter() - started, 1), "workloads": {}}
+    # The engine runs in this process: vLLM's CPU backend verifies sampled drafts wrong until
+    # repaired (vLLM issue 55005), for every drafter, so every configuration gets the repair
+    # that lookahead's proposer applies for itself.
+    result["sampled_drafts_verified"] = repair_expand()
     # Warm-up (kernels, allocator) on a prompt of no workload, outside the counters.
     llm.generate(
         [TokensPrompt(prompt_token_ids=list(range(1000, 1064)))],

@@ -43,6 +43,7 @@ from lookahead_client.engine.config import VLLM_ENV, LookaheadConfig
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.step_cost import StepCostFeed
 from lookahead_client.vllm import hook
+from lookahead_client.vllm.cpu_sampling import repair_expand
 from lookahead_client.vllm.drafting import ChainDrafting, Row
 from lookahead_client.vllm.parallel import tensor_parallel_group, tensor_parallel_rank
 from lookahead_client.vllm.versions import check_version
@@ -105,7 +106,7 @@ class LookaheadProposer:
     """
 
     def __init__(self, vllm_config: Any, config: LookaheadConfig | None = None) -> None:
-        check_version("custom_class")
+        in_vllm = check_version("custom_class") is not None
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -119,6 +120,8 @@ class LookaheadProposer:
         self._returned_at: float | None = None
         self._finished: set[str] = set()
         self._timing = _Timing()
+        # vLLM's CPU backend verifies sampled rows wrong until repaired (every rank samples)
+        self._sampled_rows_ok = not in_vllm or repair_expand()
         self.rank = tensor_parallel_rank(tensor_parallel_group())
         self._drafting: ChainDrafting | None = None
         self._hooked = False
@@ -248,6 +251,8 @@ class LookaheadProposer:
             room = self.max_model_len - n - 1
             if not sampled[i] or room <= 0:
                 continue  # in prefill, or no room for a draft
+            if temperatures[i] > 0 and not self._sampled_rows_ok:
+                continue  # vLLM would verify it wrong (see .cpu_sampling)
             p = int(prompt_lens[i])
             views.append(
                 Row(i, req_ids[i], table[i, :p], table[i, p:n], float(temperatures[i]), room)
