@@ -11,6 +11,7 @@ from vllm_support import (
     SHORT,
     close,
     counter,
+    expand_as_shipped,
     greedy,
     greedy_stepwise,
     lookahead_spec,
@@ -59,6 +60,7 @@ def test_embedded_greedy_output_is_vllms_and_each_request_is_fed_once(
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # to reach the proposer
     monkeypatch.delenv("LOOKAHEAD_VLLM", raising=False)
+    expand_as_shipped(monkeypatch)
     k = 4
     llm = make_llm(tiny_model, lookahead_spec(k))
     try:

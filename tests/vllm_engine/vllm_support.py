@@ -57,6 +57,15 @@ def make_llm(model: str, speculative_config=None, **kwargs):
     return LLM(**settings)
 
 
+def expand_as_shipped(monkeypatch) -> None:
+    """vLLM's own ``expand_batch_to_tokens`` for this test (an earlier in-process engine's
+    proposer may have repaired it, see ``lookahead_client.vllm.cpu_sampling``)."""
+    import vllm.v1.sample.rejection_sampler as sampler
+
+    current = sampler.expand_batch_to_tokens
+    monkeypatch.setattr(sampler, "expand_batch_to_tokens", getattr(current, "__wrapped__", current))
+
+
 def lookahead_spec(k: int = 4) -> dict:
     from lookahead_client.vllm import PROPOSER_PATH
 

@@ -10,14 +10,16 @@ thinks of it (on SmolLM2-135M a token of probability 3e-7 was accepted in 6 of 7
 rejected one is replaced by noise. Every drafter's sampled output is wrong then; greedy rows
 never read those values and are right.
 
-:func:`repair_expand` puts a torch implementation in its place through vLLM's own kernel
-registry (``vllm.triton_utils.dispatcher.register_kernels``, the hook vLLM's platforms use),
-only on the CPU backend and only where a probe shows the registered one loses its output: a
-vLLM that fixed it is left alone.
+:func:`repair_expand` puts a torch ``expand_batch_to_tokens`` in its place (the module's one
+caller, ``apply_sampling_constraints``, looks it up at every call), only on the CPU backend and
+only where a probe shows vLLM's losing its output: a vLLM that fixed it is left alone. The
+kernel registry vLLM's platforms use (``register_kernels``) is not used for it: after start-up
+its scan of every module trips over objects that are not plain (llvmlite's).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -25,33 +27,27 @@ __all__ = ["expand_works", "repair_expand"]
 
 _log = logging.getLogger("lookahead_client.vllm")
 
-_EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
-
-def _expand(
-    output: Any,
-    input_val: Any,
-    cu_num_tokens: Any,
-    replace_from: float,
-    replace_to: float,
-    MAX_NUM_TOKENS: int | None = None,  # noqa: N803 - the kernel's own parameter name
-) -> None:
-    """``expand_kernel``'s work in torch: request ``i``'s value (``replace_from`` read as
-    ``replace_to``) written over its positions ``[cu[i - 1], cu[i])`` of ``output``, in
-    ``output``'s own dtype."""
+def _expand_batch_to_tokens(
+    x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: float = 0, replace_to: float = 0
+) -> Any:
+    """vLLM's ``expand_batch_to_tokens`` in torch: request ``i``'s value (``replace_from``
+    read as ``replace_to``) at its positions ``[cu[i - 1], cu[i])`` of ``num_tokens``, in the
+    dtype of ``x``."""
     import torch
 
-    del MAX_NUM_TOKENS  # a block size for Triton
     ends = cu_num_tokens.to(torch.int64)
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
-    values = input_val.masked_fill(input_val == replace_from, replace_to)
-    expanded = torch.repeat_interleave(values, counts)
-    output[: expanded.numel()].copy_(expanded.to(output.dtype))
+    values = x.masked_fill(x == replace_from, replace_to)
+    expanded = torch.repeat_interleave(values, counts)[:num_tokens]
+    out = x.new_zeros(num_tokens)
+    out[: expanded.numel()] = expanded
+    return out
 
 
 def expand_works() -> bool:
-    """Whether vLLM's ``expand_batch_to_tokens`` spreads float values over draft positions as
-    registered now (on CPU tensors)."""
+    """Whether ``expand_batch_to_tokens``, as vLLM's rejection sampler calls it now, spreads
+    float values over draft positions (on CPU tensors)."""
     import torch
     from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 
@@ -62,23 +58,29 @@ def expand_works() -> bool:
 
 
 def repair_expand() -> bool:
-    """Registers the torch ``expand_kernel`` where vLLM's CPU backend has a broken one (see the
-    module docstring); call it after vLLM registered its platform's kernels (a worker's model
-    runner is built after).
+    """Puts the torch ``expand_batch_to_tokens`` in place where vLLM's CPU backend loses its
+    output (see the module docstring); call it once vLLM registered its platform's kernels (a
+    worker's model runner is built after).
 
     Returns:
-        Whether sampled rows are verified right now: True off the CPU backend, where the
-        registered kernel works, or once the repair took; False (logged) when it did not, and
+        Whether sampled rows are verified right now: True off the CPU backend, where vLLM's
+        own works, or once the repair took; False (logged) when it did not, and
         then only greedy rows may be drafted.
     """
+    import vllm.v1.sample.rejection_sampler as sampler
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or expand_works():
         return True
-    from vllm.triton_utils.dispatcher import register_kernels
+    shipped = sampler.expand_batch_to_tokens
 
-    register_kernels({_EXPAND_KERNEL: _expand})
+    @functools.wraps(shipped)  # __wrapped__: vLLM's own, for tests that put it back
+    def repaired(*args: Any, **kwargs: Any) -> Any:
+        return _expand_batch_to_tokens(*args, **kwargs)
+
+    sampler.expand_batch_to_tokens = repaired
     if not expand_works():
+        sampler.expand_batch_to_tokens = shipped
         _log.error(
             "lookahead: vLLM's CPU expand_kernel loses its output (vLLM issue 55005) and the "
             "repair did not take: only greedy requests get drafts"
