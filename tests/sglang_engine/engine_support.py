@@ -94,6 +94,8 @@ ENGINE = {
     "disable_cuda_graph": True,
     "max_total_tokens": 4096,
     "max_running_requests": 8,
+    # an idle scheduler waits on its sockets instead of spinning: two engines share 2 cores
+    "sleep_on_idle": True,
     "log_level": "info",  # lookahead says at info level which drafter it uses
 }
 SPECULATIVE = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8}

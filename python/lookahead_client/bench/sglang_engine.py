@@ -218,7 +218,14 @@ def _engine(spec: dict[str, Any]) -> Any:
         "random_seed": 0,
     }
     if spec["cpu"]:
-        kwargs.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+        # an idle scheduler waits on its sockets instead of spinning a core the other
+        # engines and the drafter's server need
+        kwargs.update(
+            device="cpu",
+            attention_backend="torch_native",
+            disable_cuda_graph=True,
+            sleep_on_idle=True,
+        )
     if spec["name"] != "plain":
         kwargs.update(
             speculative_algorithm="NGRAM", speculative_num_draft_tokens=spec["draft_tokens"]
