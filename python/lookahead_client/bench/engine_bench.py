@@ -248,11 +248,11 @@ def versus(
     passes = ["batch1"] + (["batch"] if plain["batch"]["outputs"] else [])
     out: dict[str, dict] = {}
     for p in passes:
-        seconds = {
+        token_seconds = {
             c: [per_token(*pass_figures(r[c]["workloads"][workload], p, keep)[:2]) for r in rounds]
             for c in names
         }
-        fast = speedups([{c: seconds[c][i] for c in names} for i in range(len(rounds))])
+        fast = speedups([{c: token_seconds[c][i] for c in names} for i in range(len(rounds))])
         rivals = []
         if theirs:
             rivals.append(max(theirs, key=lambda c: fast[c].median))
@@ -261,7 +261,7 @@ def versus(
         wanted = [(o, r) for o in ours for r in rivals]
         wanted += [(a, b) for a, b in pairs if a in names and b in names]
         for ours_name, rival in wanted:
-            verdict, ratio = compare(seconds[ours_name], seconds[rival])
+            verdict, ratio = compare(token_seconds[ours_name], token_seconds[rival])
             out.setdefault(ours_name, {}).setdefault(p, []).append(
                 {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
             )
