@@ -137,9 +137,10 @@ def test_a_slow_step_where_the_fit_never_measured_is_news_not_an_outlier():
 
 
 def test_one_slow_step_at_a_rare_size_does_not_bend_an_engines_curve():
-    """The engines' curve (StepCostFeed) needs several steps to change its slope at a knot:
-    one slow step at a size the core seldom drafts (2 tokens, among many at 1, 6 and 9) does
-    not make every size up to 6 cost as much as 6 (docs/vllm.md run 23)."""
+    """The engines' curve (StepCostFeed) needs several steps to change its slope at a knot
+    or its draft overhead: one slow step at a size the core seldom drafts (2 tokens, among
+    many at 1, 6 and 9) does not make every size up to 6 cost as much as 6 (docs/vllm.md run
+    23: the first draft token at 17 ms and four more free)."""
     from lookahead_client.engine.step_cost import StepCostFeed
 
     feed = StepCostFeed()
@@ -147,9 +148,11 @@ def test_one_slow_step_at_a_rare_size_does_not_bend_an_engines_curve():
         for tokens, ms in ((1, 57.0), (6, 70.0), (9, 78.0)):
             feed.observe(tokens, ms / 1e3, context=700)
     feed.observe(2, 0.095, context=700)
-    assert feed.curve() is not None
+    assert feed.curve(1) is not None
     at = feed.seconds_at([1, 2, 3, 6])
-    assert at[1] < 0.5 * (at[0] + at[3]), at  # below the chord: near the line from 1 to 6
+    assert at is not None
+    # the line from 1 to 6 would leave 80% of the rise after the first draft token
+    assert at[3] - at[1] > 0.4 * (at[3] - at[0]), at
     assert at[1] < at[2] < at[3]
 
 
@@ -551,7 +554,9 @@ def test_the_outlier_rule_predicts_as_the_fit_does_without_a_solve_per_step():
     assert coef is not None
     for tokens, context, pairs in [(1, 0, 0), (5, 0, 0), (64, 100, 0), (9000, 4096, 70000)]:
         expected = model.predict(tokens, context, pairs)[0]
-        assert model._predict_one(coef, tokens, context, pairs) == pytest.approx(expected)
+        assert model._predict_one(coef, tokens, context, pairs, False) == pytest.approx(expected)
+        expected = model.predict(tokens, context, pairs, drafted=True)[0]
+        assert model._predict_one(coef, tokens, context, pairs, True) == pytest.approx(expected)
     solves = 0
     real_solve = model._solve
 
@@ -565,3 +570,46 @@ def test_the_outlier_rule_predicts_as_the_fit_does_without_a_solve_per_step():
         model.observe(8, 100.0)
     assert solves <= 64 // 32  # not one per observation
     assert model.predict(8)[0] < 2 * cpu_like(8)
+
+
+def test_a_draft_steps_overhead_is_learnt_apart_from_its_tokens():
+    """An engine's speculative path costs a step something once (vLLM's rejection sampler):
+    a batch of 16 that verifies 17 tokens costs more than one of 16 by more than a token.
+    Fitted as tokens alone, that jump would be spread over the knots around 16, and a step
+    without drafts would look dearer than it is."""
+    rng = np.random.default_rng(3)
+    model = CostModel()
+
+    def true(rows: int, drafts: int) -> float:
+        return 0.04 + 0.002 * (rows + drafts) + (0.012 if drafts else 0.0)
+
+    for _ in range(600):
+        rows = int(rng.choice([1, 3, 8, 16]))
+        drafts = int(rng.choice([0, 0, 1, 2, 5, 8])) * (1 if rows < 16 else 2)
+        model.observe(rows + drafts, true(rows, drafts), drafted=drafts > 0)
+    assert model.draft_seconds == pytest.approx(0.012, rel=0.05)
+    for rows, drafts in [(16, 0), (16, 1), (8, 0), (3, 5)]:
+        got = model.predict(rows + drafts, drafted=drafts > 0)[0]
+        assert got == pytest.approx(true(rows, drafts), rel=0.02), (rows, drafts)
+
+
+def test_the_engines_curve_starts_its_drafts_where_each_batch_does():
+    """The feed's curve for a batch of ``rows`` puts the overhead between ``rows`` and
+    ``rows + 1`` tokens: the core weighs its first draft token at its real price."""
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    feed = StepCostFeed()
+    for rows in (1, 4, 16):
+        for drafts in (0, 1, 3, 8):
+            for _ in range(40):
+                ms = 40.0 + 2.0 * (rows + drafts) + (12.0 if drafts else 0.0)
+                feed.observe(rows + drafts, ms / 1e3, rows=rows)
+    for rows in (4, 16, 5):
+        cost = feed.curve(rows)
+        assert cost is not None and cost.base_tokens == rows
+        plain, first, second = np.interp([rows, rows + 1, rows + 2], cost.tokens, cost.seconds)
+        assert first - plain == pytest.approx(0.014, rel=0.1), rows
+        assert second - first == pytest.approx(0.002, rel=0.25), rows
+    assert feed.curve(16) is feed.curve(16)  # built once per refit
+    at = feed.seconds_at([1, 2, 3])
+    assert at is not None and at[1] - at[0] > 5 * (at[2] - at[1])

@@ -5,10 +5,15 @@
 * ``tokens``: the query tokens of the whole batch (every request's root plus its tree slots,
   padding included when the engine pads trees to a common width);
 * ``context``: the KV entries the batch attends to (the sum of the requests' cached lengths);
-* ``pairs``: query-key pairs, the sum over requests of ``slots * (cached + slots)``.
+* ``pairs``: query-key pairs, the sum over requests of ``slots * (cached + slots)``;
+* ``drafted``: whether the step verified any draft token. An engine's speculative path costs
+  a step something once, whatever the number of draft tokens (vLLM runs its rejection
+  sampler, computes logits at every draft position's row of the batch...): a batch of 16
+  requests that verifies 17 tokens costs more than one of 16 by more than a token's worth.
 
 The time is a piecewise-linear function of ``tokens`` (knots 1, 2, 3, 4, 6, 8, 12, 16, 24...,
-linear beyond the last one) plus non-negative terms linear in ``context`` and ``pairs``.
+linear beyond the last one) plus non-negative terms linear in ``context`` and ``pairs`` and a
+non-negative step for ``drafted``.
 Nothing about the shape is assumed beyond that: a CPU whose matrix kernels change at two
 tokens, a GPU that is flat up to a few hundred tokens and then turns compute-bound, both fit.
 
@@ -35,6 +40,8 @@ __all__ = ["CostModel", "token_knots"]
 # Scales of the context features, so that every coefficient is a few milliseconds.
 _CONTEXT_UNIT = 1024.0
 _PAIRS_UNIT = 65536.0
+# Features after the knots' values: context, pairs, drafted.
+_EXTRA_FEATURES = 3
 # Observations after which the outlier rule's reference fit is refitted.
 _REFERENCE_AGE = 32
 
@@ -150,7 +157,7 @@ class CostModel:
         self.forgetting = forgetting
         self.smoothing = smoothing
         self.outlier_factor = outlier_factor
-        n = len(self.knots) + 2
+        n = len(self.knots) + _EXTRA_FEATURES
         self._gram = np.zeros((n, n))
         self._moment = np.zeros(n)
         self._knot_weight = np.zeros(len(self.knots))
@@ -160,7 +167,7 @@ class CostModel:
         # Measurements not yet folded into the sums above: an engine observes every step,
         # so observing only appends, and the numpy work is done in one go when the model is
         # read (see _fold), off the step's path.
-        self._pending: list[tuple[float, float, float, float]] = []
+        self._pending: list[tuple[float, float, float, float, float]] = []
         #: Measured steps, all of them.
         self.observations = 0
         self._coef: np.ndarray | None = None
@@ -172,27 +179,34 @@ class CostModel:
         self._reference_weight: list[float] = []
         self._reference_at = 0
         self._knot_list: list[float] = [float(k) for k in self.knots]
-        self._penalty = self._slope_penalty()
+        self._penalty = self._penalty_matrix()
 
     # -- features ---------------------------------------------------------------------------
 
-    def _features(self, tokens: np.ndarray, context: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    def _features(
+        self, tokens: np.ndarray, context: np.ndarray, pairs: np.ndarray, drafted: np.ndarray
+    ) -> np.ndarray:
         m = len(self.knots)
-        x = np.zeros((len(tokens), m + 2))
+        x = np.zeros((len(tokens), m + _EXTRA_FEATURES))
         lower, upper, t = _hat(self.knots, tokens)
         rows = np.arange(len(tokens))
         x[rows, lower] += 1.0 - t
         x[rows, upper] += t
         x[:, m] = context / _CONTEXT_UNIT
         x[:, m + 1] = pairs / _PAIRS_UNIT
+        x[:, m + 2] = drafted
         return x
 
-    def _slope_penalty(self) -> np.ndarray:
+    def _penalty_matrix(self) -> np.ndarray:
         """Rows penalising the change of slope at each inner knot, scaled by the knot
-        spacing so that the penalty is in seconds whatever the spacing."""
+        spacing so that the penalty is in seconds whatever the spacing, and a row penalising
+        the draft overhead as much as a jump of the curve at a knot: otherwise the overhead
+        would be the free way to fit one slow step at a size seldom drafted (where it and a
+        jump of the curve are one and the same, at one request a step)."""
         k = self.knots
         m = len(k)
-        rows = np.zeros((max(m - 2, 0), m + 2))
+        rows = np.zeros((max(m - 2, 0) + 1, m + _EXTRA_FEATURES))
+        rows[-1, m + 2] = 1.0
         for j in range(1, m - 1):
             h1, h2 = k[j] - k[j - 1], k[j + 1] - k[j]
             h = (h1 + h2) / 2.0
@@ -201,16 +215,17 @@ class CostModel:
             rows[j - 1, j + 1] = h / h2
         return rows.T @ rows
 
-    @staticmethod
-    def _arrays(tokens, context, pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        tok = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
-        ctx = np.broadcast_to(np.asarray(context, dtype=np.float64), tok.shape)
-        prs = np.broadcast_to(np.asarray(pairs, dtype=np.float64), tok.shape)
-        return tok, ctx, prs
-
     # -- learning ---------------------------------------------------------------------------
 
-    def observe(self, tokens: int, seconds: float, *, context: int = 0, pairs: int = 0) -> None:
+    def observe(
+        self,
+        tokens: int,
+        seconds: float,
+        *,
+        context: int = 0,
+        pairs: int = 0,
+        drafted: bool = False,
+    ) -> None:
         """Adds one measured step.
 
         Args:
@@ -218,6 +233,7 @@ class CostModel:
             seconds: how long it took (> 0; ``nan`` or ``inf`` are refused).
             context: KV entries the batch attended to.
             pairs: query-key pairs (sum over requests of ``slots * (cached + slots)``).
+            drafted: the step verified draft tokens.
 
         Raises:
             InvalidArgumentError: a value out of range.
@@ -231,10 +247,12 @@ class CostModel:
         if math.isfinite(self.outlier_factor):
             reference = self._outlier_reference(tokens)
             if reference is not None:
-                predicted = self._predict_one(reference, tokens, context, pairs)
+                predicted = self._predict_one(reference, tokens, context, pairs, drafted)
                 if predicted > 0:
                     seconds = min(seconds, self.outlier_factor * predicted)
-        self._pending.append((float(tokens), float(seconds), float(context), float(pairs)))
+        self._pending.append(
+            (float(tokens), float(seconds), float(context), float(pairs), float(drafted))
+        )
         self.observations += 1
         self._coef = None
 
@@ -254,7 +272,9 @@ class CostModel:
             return None
         return self._reference
 
-    def _predict_one(self, coef: list[float], tokens: int, context: int, pairs: int) -> float:
+    def _predict_one(
+        self, coef: list[float], tokens: int, context: int, pairs: int, drafted: bool
+    ) -> float:
         """:meth:`predict` of one step under the coefficients ``coef``, without numpy."""
         knots, m = self._knot_list, len(self._knot_list)
         i = bisect.bisect_left(knots, tokens)
@@ -264,7 +284,8 @@ class CostModel:
             i = min(i, m - 1)  # beyond the last knot: the last segment's line, extended
             lo, hi = knots[i - 1], knots[i]
             base = coef[i - 1] + (coef[i] - coef[i - 1]) * (tokens - lo) / (hi - lo)
-        return base + coef[m] * context / _CONTEXT_UNIT + coef[m + 1] * pairs / _PAIRS_UNIT
+        extra = coef[m] * context / _CONTEXT_UNIT + coef[m + 1] * pairs / _PAIRS_UNIT
+        return base + extra + (coef[m + 2] if drafted else 0.0)
 
     def _fold(self) -> None:
         """Folds the pending measurements into the sums, as if each had been added when it
@@ -272,9 +293,9 @@ class CostModel:
         and what was there before ``f**k``."""
         if not self._pending:
             return
-        tok, sec, ctx, prs = np.asarray(self._pending, dtype=np.float64).T
+        tok, sec, ctx, prs, drf = np.asarray(self._pending, dtype=np.float64).T
         self._pending.clear()
-        x = self._features(tok, ctx, prs)
+        x = self._features(tok, ctx, prs, drf)
         decay = self.forgetting ** np.arange(len(tok) - 1, -1, -1, dtype=np.float64)
         before = self.forgetting ** len(tok)
         # Relative errors count: a step of 30 ms and one of 3 s are fitted equally well
@@ -306,13 +327,13 @@ class CostModel:
             return self._coef
         self._fold()
         m = len(self.knots)
-        n = m + 2
+        n = m + _EXTRA_FEATURES
         mean_weight = self._weights[0] / max(self._weights[1], 1e-300)
         a = self._gram + self.smoothing * mean_weight * self._penalty
         # A step never gets faster with more tokens or more context: the token curve is
         # fitted as its value at one token plus non-negative increments between knots, and
-        # the context terms are non-negative (noisy measurements, a step that lost the CPU,
-        # would otherwise bend the curve below zero or make wide trees look cheap).
+        # the context and draft terms are non-negative (noisy measurements, a step that lost
+        # the CPU, would otherwise bend the curve below zero or make wide trees look cheap).
         cumulative = np.eye(n)
         cumulative[:m, :m] = np.tril(np.ones((m, m)))
         increments = _nonnegative_least_squares(
@@ -327,7 +348,7 @@ class CostModel:
 
     # -- prediction -------------------------------------------------------------------------
 
-    def predict(self, tokens, context=0, pairs=0) -> np.ndarray:
+    def predict(self, tokens, context=0, pairs=0, drafted=False) -> np.ndarray:
         """Predicted seconds of steps of these shapes (arrays broadcast against ``tokens``).
 
         Raises:
@@ -343,16 +364,29 @@ class CostModel:
         base = base + np.maximum(tok - k[-1], 0.0) * slope  # linear beyond the last knot
         ctx = np.asarray(context, dtype=np.float64) / _CONTEXT_UNIT
         prs = np.asarray(pairs, dtype=np.float64) / _PAIRS_UNIT
-        return np.atleast_1d(base + coef[m] * ctx + coef[m + 1] * prs)
+        drf = np.asarray(drafted, dtype=np.float64)
+        return np.atleast_1d(base + coef[m] * ctx + coef[m + 1] * prs + coef[m + 2] * drf)
+
+    @property
+    def draft_seconds(self) -> float:
+        """What a step pays once for verifying any draft token, over the same step without
+        (0 until measured).
+
+        Raises:
+            InvalidArgumentError: nothing was measured yet.
+        """
+        if self.observations == 0:
+            raise InvalidArgumentError("the cost model has no measurement yet", field="cost")
+        return float(self._solve()[len(self.knots) + 2])
 
     def curve(self, tokens: Iterable[int], context: int = 0) -> list[tuple[int, float]]:
-        """``(tokens, seconds)`` at the given sizes, for reports (``pairs`` from ``context``
-        as one request would have them)."""
+        """``(tokens, seconds)`` at the given sizes, for reports (``pairs`` and ``drafted``
+        as one request would have them: every token after the first is a draft token)."""
         sizes = [int(t) for t in tokens]
         pairs = [t * (context + t) for t in sizes]
-        return [
-            (t, float(s)) for t, s in zip(sizes, self.predict(sizes, context, pairs), strict=True)
-        ]
+        drafted = [t > 1 for t in sizes]
+        seconds = self.predict(sizes, context, pairs, drafted)
+        return [(t, float(s)) for t, s in zip(sizes, seconds, strict=True)]
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -361,8 +395,9 @@ class CostModel:
         """A model fitted to measured steps (without forgetting between them).
 
         Args:
-            rows: mappings with ``tokens`` and ``seconds``, optionally ``context`` and
-                ``pairs`` (what ``scripts/gpu_cost_curve.py`` writes under ``"points"``).
+            rows: mappings with ``tokens`` and ``seconds``, optionally ``context``,
+                ``pairs`` and ``drafted`` (``scripts/gpu_cost_curve.py`` writes the first four
+                under ``"points"``: forward passes, no draft verified).
             settings: :class:`CostModel` arguments (``max_tokens`` defaults to the largest
                 measured size).
         """
@@ -379,6 +414,7 @@ class CostModel:
                 float(r["seconds"]),
                 context=int(r.get("context", 0)),
                 pairs=int(r.get("pairs", 0)),
+                drafted=bool(r.get("drafted", False)),
             )
         model._fold()  # before the forgetting changes: these rows never decay
         model.forgetting, model.outlier_factor = forgetting, outlier_factor

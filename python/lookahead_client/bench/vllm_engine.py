@@ -259,6 +259,7 @@ def _child(spec_path: str) -> int:
         stats = _proposer(llm)
         if stats is not None:  # what the chains of these prompts were sized against
             row["cost_curve_ms_batch1"] = stats.get("cost_curve_ms")
+            row["draft_overhead_ms_batch1"] = stats.get("draft_overhead_ms")
         t = time.perf_counter()
         batch = sets["batch"]
         out = (
@@ -275,6 +276,9 @@ def _child(spec_path: str) -> int:
         }
         row["counters_batch1"] = delta(middle, before)
         row["counters_batch"] = delta(_counters(llm), middle)
+        stats = _proposer(llm)
+        if stats is not None:
+            row["draft_overhead_ms_batch"] = stats.get("draft_overhead_ms")
         result["workloads"][workload] = row
     result["proposer"] = _proposer(llm)
     pathlib.Path(spec["out"]).write_text(json.dumps(result))
@@ -494,7 +498,9 @@ def run_vllm(args: argparse.Namespace) -> int:
             if row.get("cost_curve_ms_batch1"):
                 print(
                     f"{name}: step ms the chains were sized against after {workload}'s batch 1 "
-                    f"(1 to K + 1 tokens): {row['cost_curve_ms_batch1']}"
+                    f"(1 to K + 1 tokens): {row['cost_curve_ms_batch1']}; a draft step's "
+                    f"overhead in it {row.get('draft_overhead_ms_batch1')} ms, after the full "
+                    f"batch {row.get('draft_overhead_ms_batch')} ms"
                 )
     return 0
 

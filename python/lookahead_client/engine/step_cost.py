@@ -7,11 +7,17 @@ picks the lengths; Python only measures). The curve is refitted every 32 steps, 
 moves slowly and a refit (a non-negative least-squares solve, about 2 ms) costs more than
 many steps of drafting; a measurement far above the last fit (a step that lost the CPU) is
 clipped against it by the model's outlier rule, without a refit.
+
+A step that verifies any draft token pays the engine's speculative path once on top of the
+tokens (:attr:`CostModel.draft_seconds`), so the curve of a step depends on where its drafts
+start: the feed hands out one per batch size, with a point at the batch's own tokens (no
+draft) and one just after it (the first draft token, that overhead included).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,7 +53,9 @@ class StepCostFeed:
         self.padded = padded
         self.explore_every = explore_every
         self._knots = token_knots(max_tokens).astype(np.int64)
-        self._curve: EngineCost | None = None
+        self._fit: _Fit | None = None  # the last refit
+        # The last refit's curves by batch size, built as asked for.
+        self._curves: dict[int, EngineCost] = {}
         self._age = 0
         self._context = 0
         self._rows = 1
@@ -56,16 +64,19 @@ class StepCostFeed:
         self, tokens: int, seconds: float, *, rows: int = 1, context: int = 0, pairs: int = 0
     ) -> None:
         """One measured step of ``rows`` requests: ``tokens`` verified in ``seconds`` over
-        ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`). The
-        curve describes steps like the last one measured."""
-        self.model.observe(tokens, seconds, context=context, pairs=pairs)
-        self._context, self._rows = context, max(1, rows)
+        ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`); a step
+        of more tokens than rows verified drafts. The curve describes steps like the last one
+        measured."""
+        rows = max(1, rows)
+        self.model.observe(tokens, seconds, context=context, pairs=pairs, drafted=tokens > rows)
+        self._context, self._rows = context, rows
 
-    def curve(self) -> EngineCost | None:
-        """The current curve, or None while fewer than two step sizes were measured (the
-        core then keeps whole drafts, which measures the larger sizes). Between refits the
-        model is not read at all: a step pays for its measurement, not for the fit."""
-        if self._curve is None or self._age >= _REFRESH_EVERY:
+    def curve(self, rows: int) -> EngineCost | None:
+        """The current curve for a step of ``rows`` requests (its ``base_tokens``), or None
+        while fewer than two step sizes were measured (the core then keeps whole drafts,
+        which measures the larger sizes). Between refits the model is not read at all: a
+        step pays for its measurement, not for the fit."""
+        if self._fit is None or self._age >= _REFRESH_EVERY:
             if not self.model.ready:
                 return None
             tokens = self._knots
@@ -74,22 +85,56 @@ class StepCostFeed:
             seconds = self.model.predict(tokens, self._context, pairs)
             # the fit is non-decreasing in tokens; guard the floor against rounding
             seconds = np.maximum.accumulate(np.maximum(seconds, 1e-9))
-            self._curve = EngineCost(
-                tuple(int(t) for t in tokens),
-                tuple(float(s) for s in seconds),
-                padded=self.padded,
-                explore_every=self.explore_every,
-            )
+            self._fit = _Fit(tokens.tolist(), seconds.tolist(), self.model.draft_seconds)
+            self._curves.clear()
             self._age = 0
         self._age += 1
-        return self._curve
+        rows = max(1, rows)
+        curve = self._curves.get(rows)
+        if curve is None:
+            points, at = _points(self._fit, rows)
+            curve = EngineCost(
+                tuple(points),
+                tuple(at),
+                padded=self.padded,
+                base_tokens=rows,
+                explore_every=self.explore_every,
+            )
+            self._curves[rows] = curve
+        return curve
 
-    def seconds_at(self, tokens: Sequence[int]) -> list[float] | None:
-        """The last curve handed out (:meth:`curve`), read at ``tokens`` verified: what the
-        core is sizing against now; None before the first. Reading it changes nothing."""
-        if self._curve is None:
+    @property
+    def draft_seconds(self) -> float | None:
+        """What a step pays once for verifying any draft token in the last fit (None before
+        the first)."""
+        return None if self._fit is None else self._fit.draft_seconds
+
+    def seconds_at(self, tokens: Sequence[int], rows: int = 1) -> list[float] | None:
+        """The last fit as the core sizes against it, for a step of ``rows`` requests,
+        read at ``tokens`` verified; None before the first fit. Reading it changes nothing."""
+        if self._fit is None:
             return None
-        return np.interp(tokens, self._curve.tokens, self._curve.seconds).tolist()
+        points, seconds = _points(self._fit, max(1, rows))
+        return np.interp(tokens, points, seconds).tolist()
 
     def __repr__(self) -> str:
         return f"StepCostFeed(padded={self.padded}, {self.model!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """A refit as the curves are built from it: seconds at the knots without a draft, and
+    what a step pays once for verifying any."""
+
+    knots: list[int]
+    seconds: list[float]
+    draft_seconds: float
+
+
+def _points(fit: _Fit, rows: int) -> tuple[list[int], list[float]]:
+    """The fit's points for a step of ``rows`` requests: the knots, ``rows`` and ``rows + 1``,
+    the draft overhead added from ``rows + 1`` on."""
+    tokens = sorted({*fit.knots, rows, rows + 1})
+    plain = np.interp(tokens, fit.knots, fit.seconds).tolist()
+    extra = fit.draft_seconds
+    return tokens, [s + extra if t > rows else s for t, s in zip(tokens, plain, strict=True)]

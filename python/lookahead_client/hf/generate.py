@@ -497,7 +497,7 @@ def speculative_generate(
             batch.select(keep)
         while batch.rows:
             started = policy.clock() if policy is not None else 0.0
-            cost = feed.curve() if feed is not None else None
+            cost = feed.curve(len(batch.rows)) if feed is not None else None
             drafted = drafter.step(pending, cost)
             trees = [t for t, req in zip(drafted, pending, strict=True) if not req.finished]
             sampled = None

@@ -166,7 +166,7 @@ class ChainDrafting:
         """The chain of each row that gets one (rows without a chain decode plainly); after
         :meth:`begin` returned True."""
         views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature, r.start) for r in rows]
-        cost = None if self.cost is None else self.cost.curve()
+        cost = None if self.cost is None else self.cost.curve(len(views))
         drafts = self.session.draft(views, cost)
         if drafts is None:
             return []
@@ -204,17 +204,20 @@ class ChainDrafting:
     def stats(self) -> dict[str, Any]:
         """Whether chains are sized, and the step times in ms the core sizes against now for
         a step verifying 1 to K + 1 tokens (``cost_curve_ms``: one request and its draft,
-        for steps like the last one measured; None before the first fit); counters: steps,
+        for steps like the last one measured; None before the first fit) and what a step
+        pays once for verifying any draft (``draft_overhead_ms``, in that fit); counters: steps,
         drafts, steps left out of the cost curve for a prefill, the session's (the request
         book, the guard, what other replicas' text gave), a remote client's own fallbacks,
         the draft nodes the core sized away (in-process)."""
-        curve = None
+        curve = overhead = None
         if self.cost is not None:
             seconds = self.cost.seconds_at(range(1, self.k + 2))
             curve = None if seconds is None else [round(1e3 * s, 2) for s in seconds]
+            overhead = self.cost.draft_seconds
         out: dict[str, Any] = {
             "sizing": self.cost is not None,
             "cost_curve_ms": curve,
+            "draft_overhead_ms": None if overhead is None else round(1e3 * overhead, 2),
             "drafted_requests": self.drafted_requests,
             "draft_tokens": self.draft_tokens,
             "prefill_steps": self.prefill_steps,
