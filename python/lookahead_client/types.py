@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -248,9 +249,10 @@ class DraftBatch(Sequence[DraftTree]):
     offsets: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
-        np.cumsum(self.sizes, out=offsets[1:])
-        object.__setattr__(self, "offsets", offsets)
+        # through a list: faster than NumPy's cumsum for the few trees of a step
+        n = len(self.sizes)
+        sums = itertools.accumulate(self.sizes.tolist(), initial=0)
+        object.__setattr__(self, "offsets", np.fromiter(sums, dtype=np.int64, count=n + 1))
 
     @classmethod
     def from_trees(

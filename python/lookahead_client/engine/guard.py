@@ -80,12 +80,9 @@ class _Call:
         return drafter.step(self.requests, self.cost)
 
 
-def _outcome_of(call: _Call) -> Outcome:
-    """The outcome of a finished call."""
-    n = len(call.requests)
-    failure = call.error
+def _outcome_of(n: int, result: Any, failure: BaseException | None) -> Outcome:
+    """The outcome of a finished call of ``n`` requests: what it returned, or raised."""
     if failure is None:
-        result = call.result
         if isinstance(result, list):  # a drafter of the earlier protocol: its trees
             try:
                 result = DraftBatch.from_trees(result)
@@ -187,7 +184,7 @@ class DraftGuard:
         if call is None or not call.done.is_set():
             return []
         self._pending = None
-        outcome = _outcome_of(call)
+        outcome = _outcome_of(len(call.requests), call.result, call.error)
         self._record(outcome)
         return [(call.token, outcome)]
 
@@ -209,15 +206,17 @@ class DraftGuard:
         """
         if self.busy:
             raise RuntimeError("DraftGuard.run while a late call is running; check busy first")
-        call = _Call(list(requests), token, cost)
         deadline = self.deadline
-        if deadline is None:
+        if deadline is None:  # inline: no call object, no event (this is every step's path)
+            result: Any = None
+            error: BaseException | None = None
             try:
-                call.result = call.step(self.drafter)
+                result = self.drafter.step(requests, cost)
             except Exception as e:  # noqa: BLE001 - every failure becomes an Outcome
-                call.error = e
-            call.done.set()
+                error = e
+            outcome = _outcome_of(len(requests), result, error)
         else:
+            call = _Call(list(requests), token, cost)
             self._submit(call)
             if not call.done.wait(deadline):
                 self._pending = call
@@ -227,7 +226,7 @@ class DraftGuard:
                 )
                 self._record(outcome)
                 return outcome
-        outcome = _outcome_of(call)
+            outcome = _outcome_of(len(call.requests), call.result, call.error)
         self._record(outcome)
         return outcome
 

@@ -30,6 +30,7 @@ nothing.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import time
@@ -65,15 +66,16 @@ class _Timing:
     KEPT = 4096
 
     def __init__(self) -> None:
-        self.calls = np.zeros(len(_BS_BUCKETS), dtype=np.int64)
-        self.proposer = np.zeros(len(_BS_BUCKETS))
-        self.engine = np.zeros(len(_BS_BUCKETS))
+        # plain lists: a call adds to them on the engine's step
+        self.calls = [0] * len(_BS_BUCKETS)
+        self.proposer = [0.0] * len(_BS_BUCKETS)
+        self.engine = [0.0] * len(_BS_BUCKETS)
         self.recent: list[collections.deque[float]] = [
             collections.deque(maxlen=self.KEPT) for _ in _BS_BUCKETS
         ]
 
     def add(self, rows: int, proposer: float, engine: float | None) -> None:
-        b = max(0, int(np.searchsorted(_BS_BUCKETS, rows, side="right")) - 1)
+        b = max(0, bisect.bisect_right(_BS_BUCKETS, rows) - 1)
         self.calls[b] += 1
         self.proposer[b] += proposer
         self.engine[b] += engine or 0.0
@@ -254,9 +256,7 @@ class LookaheadProposer:
             if temperatures[i] > 0 and not self._sampled_rows_ok:
                 continue  # vLLM would verify it wrong (see .cpu_sampling)
             p = int(prompt_lens[i])
-            views.append(
-                Row(i, req_ids[i], table[i, :p], table[i, p:n], float(temperatures[i]), room)
-            )
+            views.append(Row(i, req_ids[i], table[i, :p], table[i, p:n], temperatures[i], room))
         for chain in self.drafting.step(views):
             out[chain.row] = chain.tokens
         return out
@@ -306,10 +306,10 @@ class LookaheadProposer:
         return f"LookaheadProposer(K={self.k}, {self.config.describe()}, steps={steps})"
 
 
-def _temperatures(batch: Any, rows: int) -> np.ndarray:
+def _temperatures(batch: Any, rows: int) -> list[float]:
     """Each row's sampling temperature (0: greedy) from vLLM's input batch (greedy rows hold
     0 or a negative marker there); zeros when the batch has none."""
     temperature = getattr(batch, "temperature_cpu", None)
     if temperature is None:
-        return np.zeros(rows)
-    return np.maximum(np.asarray(temperature[:rows], dtype=np.float64), 0.0)
+        return [0.0] * rows
+    return [max(float(t), 0.0) for t in temperature[:rows].tolist()]
