@@ -613,3 +613,13 @@ def test_the_engines_curve_starts_its_drafts_where_each_batch_does():
     assert feed.curve(16) is feed.curve(16)  # built once per refit
     at = feed.seconds_at([1, 2, 3])
     assert at is not None and at[1] - at[0] > 5 * (at[2] - at[1])
+
+
+def test_the_free_set_solve_is_exact_or_least_squares_where_the_data_leaves_it_open():
+    from lookahead_client.cost import _solve_free
+
+    gram = np.array([[4.0, 1.0], [1.0, 3.0]])
+    assert _solve_free(gram, np.array([1.0, 2.0])) == pytest.approx(np.linalg.solve(gram, [1, 2]))
+    # two collinear features (singular): the minimum-norm answer, not an error or a blow-up
+    singular = np.array([[1.0, 1.0], [1.0, 1.0]])
+    assert _solve_free(singular, np.array([2.0, 2.0])) == pytest.approx([1.0, 1.0])

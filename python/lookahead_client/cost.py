@@ -88,7 +88,7 @@ def _nonnegative_least_squares(
         for _ in range(3 * n):
             idx = np.flatnonzero(free)
             z = np.zeros(n)
-            z[idx] = np.linalg.lstsq(gram[np.ix_(idx, idx)], moment[idx], rcond=None)[0]
+            z[idx] = _solve_free(gram[np.ix_(idx, idx)], moment[idx])
             blocked = idx[z[idx] <= tol]
             if len(blocked) == 0:
                 return z, free
@@ -111,6 +111,16 @@ def _nonnegative_least_squares(
         free[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
         x, free = settle(x, free)
     return x
+
+
+def _solve_free(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+    """``gram x = moment``: a plain solve where ``gram`` is positive definite (the usual case,
+    a tenth of the time of a least-squares solve), else least squares (minimum norm)."""
+    try:
+        np.linalg.cholesky(gram)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(gram, moment, rcond=None)[0]
+    return np.linalg.solve(gram, moment)
 
 
 class CostModel:
