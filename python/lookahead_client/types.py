@@ -44,8 +44,9 @@ class EngineCost:
         padded: every row verifies as many slots as the widest (one width for the batch: the
             Hugging Face loop, SGLang); otherwise every request its own length (vLLM).
         base_tokens: tokens the step verifies without drafts (0: one per request).
-        explore_every: every this many steps, draft one token beyond the best choice so the
-            curve stays measured where the choice is made (0: never).
+        explore_every: every this many steps, draft one step beyond the best choice (ragged:
+            the batch's next-best token; padded: one width wider) so the curve stays
+            measured where the choice is made (0: never).
         acceptance: what the engine measured of the drafter's scores (accepted over expected
             draft tokens of the step's requests, :meth:`RequestBook.acceptance_of
             <lookahead_client.engine.book.RequestBook.acceptance_of>`); the choice weighs

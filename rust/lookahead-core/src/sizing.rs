@@ -203,7 +203,8 @@ fn rate(curve: &CostCurve, emitted: f64, tokens: f64) -> f64 {
 /// best-first order (non-increasing; the k-th is the expected gain of its k-th token).
 ///
 /// `base` is the tokens verified (and emitted) without drafts; `explore` draws one step
-/// beyond the best choice (ragged: one more token per request; padded: one wider).
+/// beyond the best choice (ragged: the batch's next-best token, so a full batch explores one
+/// size further, not one token per request; padded: one wider).
 pub fn choose(
     gains: &[&[f32]],
     curve: &CostCurve,
@@ -235,14 +236,14 @@ fn choose_ragged(gains: &[&[f32]], curve: &CostCurve, base: f64, explore: bool) 
             (best, best_rate) = (m + 1, r);
         }
     }
+    let kept = if explore {
+        (best + 1).min(order.len())
+    } else {
+        best
+    };
     let mut lengths = vec![0; gains.len()];
-    for &(_, r, k) in &order[..best] {
+    for &(_, r, k) in &order[..kept] {
         lengths[r] = lengths[r].max(k + 1);
-    }
-    if explore {
-        for (n, g) in lengths.iter_mut().zip(gains) {
-            *n = (*n + 1).min(g.len());
-        }
     }
     lengths
 }
@@ -309,8 +310,26 @@ mod tests {
     fn exploration_draws_beyond_the_best() {
         let curve = CostCurve::new(vec![1, 2], vec![1.0, 2.0]).unwrap();
         let gains: [&[f32]; 2] = [&[0.9, 0.8], &[0.5]];
-        assert_eq!(choose(&gains, &curve, Layout::Ragged, 2, true), vec![1, 1]);
+        // ragged: the batch's next-best token only (one size further), not one per request
+        assert_eq!(choose(&gains, &curve, Layout::Ragged, 2, true), vec![1, 0]);
         assert_eq!(choose(&gains, &curve, Layout::Padded, 2, true), vec![1, 1]);
+        // beyond a choice: one token more in all, wherever the next-best one is
+        let pays = linear(0.3);
+        let gains: [&[f32]; 3] = [&[0.9, 0.8, 0.2], &[0.6, 0.25], &[0.1]];
+        assert_eq!(
+            choose(&gains, &pays, Layout::Ragged, 3, false),
+            vec![2, 0, 0]
+        );
+        assert_eq!(
+            choose(&gains, &pays, Layout::Ragged, 3, true),
+            vec![2, 1, 0]
+        );
+        // every token already chosen: nothing further to draw
+        let flat = CostCurve::flat();
+        assert_eq!(
+            choose(&gains, &flat, Layout::Ragged, 3, true),
+            vec![3, 2, 1]
+        );
     }
 
     #[test]
@@ -385,6 +404,14 @@ mod tests {
             for lengths in all_lengths(&refs) {
                 let tokens = f64::from(base) + lengths.iter().sum::<usize>() as f64;
                 prop_assert!(value(&lengths, tokens) <= best + 1e-9);
+            }
+            // exploring keeps one token of the batch more than the choice, where one is left
+            let explored = choose(&refs, &curve, Layout::Ragged, base, true);
+            let total: usize = refs.iter().map(|g| g.len()).sum();
+            let chosen: usize = ragged.iter().sum();
+            prop_assert_eq!(explored.iter().sum::<usize>(), (chosen + 1).min(total));
+            for (e, n) in explored.iter().zip(&ragged) {
+                prop_assert!(e >= n);
             }
             let padded = choose(&refs, &curve, Layout::Padded, base, false);
             let width = padded.iter().copied().max().unwrap_or(0);
