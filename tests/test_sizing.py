@@ -623,3 +623,24 @@ def test_the_free_set_solve_is_exact_or_least_squares_where_the_data_leaves_it_o
     # two collinear features (singular): the minimum-norm answer, not an error or a blow-up
     singular = np.array([[1.0, 1.0], [1.0, 1.0]])
     assert _solve_free(singular, np.array([2.0, 2.0])) == pytest.approx([1.0, 1.0])
+
+
+def test_a_young_curve_is_refitted_every_step_until_it_has_the_steps_of_a_refresh():
+    """vLLM on SmolLM2 (2026-12-06): warm-up steps of one request, then the first step of a
+    full batch (114 tokens, 173 ms, far more context). A fit of those puts the whole step on
+    the context: the curve for 16 requests is flat, every draft token free. Kept for 32
+    steps, the core drafted whole chains for 16 rows all that time; the next step's
+    measurement already mends it."""
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    feed = StepCostFeed()
+    for ms in (26.3, 22.7, 37.2, 26.6, 29.1, 26.9, 26.7):
+        feed.observe(1, ms / 1e3, rows=1, context=70, pairs=71)
+    feed.observe(114, 0.173, rows=16, context=2128, pairs=16060)
+    flat = feed.curve(16)
+    assert flat is not None
+    feed.observe(128, 0.204, rows=16, context=2158, pairs=18414)
+    mended = feed.curve(16)
+    assert mended is not None and mended is not flat
+    at = np.interp([16, 17, 24], mended.tokens, mended.seconds)
+    assert at[0] < 0.1 and at[2] - at[0] > 0.005, at  # draft tokens cost again

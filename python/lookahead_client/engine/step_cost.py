@@ -75,8 +75,12 @@ class StepCostFeed:
         """The current curve for a step of ``rows`` requests (its ``base_tokens``), or None
         while fewer than two step sizes were measured (the core then keeps whole drafts,
         which measures the larger sizes). Between refits the model is not read at all: a
-        step pays for its measurement, not for the fit."""
-        if self._fit is None or self._age >= _REFRESH_EVERY:
+        step pays for its measurement, not for the fit; while it holds fewer than 32 steps
+        it is refitted every step, since a fit of a few steps can be far off (the first step
+        of a full batch after warm-up steps of one request: the whole time put on the
+        context, every draft token free) and would be kept for 32 steps."""
+        young = self.model.observations < _REFRESH_EVERY
+        if self._fit is None or young or self._age >= _REFRESH_EVERY:
             if not self.model.ready:
                 return None
             tokens = self._knots
