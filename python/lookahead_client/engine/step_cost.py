@@ -3,10 +3,11 @@
 Engines measure their own step times; :class:`StepCostFeed` fits them with
 :class:`~lookahead_client.cost.CostModel` and turns the fit into the compact
 :class:`~lookahead_client.types.EngineCost` curve the core sizes drafts against (the core
-picks the lengths; Python only measures). The curve is refitted every 32 steps, since the fit
-moves slowly and a refit (a non-negative least-squares solve, about 2 ms) costs more than
-many steps of drafting; a measurement far above the last fit (a step that lost the CPU) is
-clipped against it by the model's outlier rule, without a refit.
+picks the lengths; Python only measures). The curve is refitted every 32 steps (every step
+while the model holds fewer), since the fit moves slowly and a refit (a non-negative
+least-squares solve, 0.3-2 ms) costs more than many steps of drafting; a measurement far
+above the last fit (a step that lost the CPU) is clipped against it by the model's outlier
+rule, without a refit.
 
 A step that verifies any draft token pays the engine's speculative path once on top of the
 tokens (:attr:`CostModel.draft_seconds`), so the curve of a step depends on where its drafts
