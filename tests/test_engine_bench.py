@@ -408,3 +408,27 @@ def test_a_workload_named_without_its_file_is_refused_naming_the_flag():
     with pytest.raises(InvalidArgumentError, match=r"workload code-edit: .*\.jsonl") as e:
         workload_prompts("code-edit", tokenizer=None)
     assert e.value.field == "workload"
+
+
+def test_a_members_trial_gives_the_engines_one_live_nats_server(tmp_path):
+    # Two stand-in engines: each connects to the NATS server it was given and writes its name.
+    (tmp_path / "fake_members.py").write_text(
+        "import json, os, socket, sys\n"
+        "spec = json.load(open(sys.argv[2]))\n"
+        "url = os.environ['NATS']\n"
+        "host, port = url.removeprefix('nats://').rsplit(':', 1)\n"
+        "socket.create_connection((host, int(port)), timeout=5).close()\n"
+        "json.dump({'engine': spec['engine'], 'url': url, 'node': os.environ['NODE']},"
+        " open(spec['out'], 'w'))\n"
+    )
+    got = run_trial_processes(
+        "fake_members",
+        Trial(0, 0, "lookahead-members"),
+        {},
+        {**os.environ, "PYTHONPATH": str(tmp_path)},
+        str(tmp_path),
+        members_env=lambda url, e: {"NATS": url, "NODE": f"r{e}"},
+        engines=2,
+    )
+    assert [g["node"] for g in got] == ["r0", "r1"]
+    assert got[0]["url"] == got[1]["url"], "one NATS server for the trial's engines"

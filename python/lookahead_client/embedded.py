@@ -35,9 +35,19 @@ class EmbeddedDrafter:
         chain: propose single-branch drafts (a chain) instead of trees.
         vocab_size: token ids must be below this.
         max_request_tokens: the most tokens (prompt + output) one request may hold.
+        cluster: NATS server URLs (``nats://HOST:PORT``; one string or several): the drafter
+            joins that cluster as a member, as a ``lookahead-server --cluster`` does. It still
+            drafts in this process, with no call on the step's path, and learns what every
+            other member (servers, other engines' embedded drafters) learns, through a thread
+            of its own; NATS away or slow never blocks a step. None: it learns only from this
+            process. docs/cluster.md.
+        cluster_name: the cluster's name (``--cluster-name`` of its servers).
+        node_id: this drafter's id in the cluster (None: a random one per process).
+        namespace: the namespace its texts belong to (servers that serve it share them).
 
     Raises:
         InvalidArgumentError: a setting is out of range (``field`` names it).
+        LookaheadError: the cluster thread could not start.
     """
 
     #: The core cuts sized shapes against the engine's cost (see ``Drafter``).
@@ -53,6 +63,10 @@ class EmbeddedDrafter:
         chain: bool = DRAFTER_DEFAULTS["chain"],
         vocab_size: int = DRAFTER_DEFAULTS["vocab_size"],
         max_request_tokens: int = DRAFTER_DEFAULTS["max_request_tokens"],
+        cluster: str | Sequence[str] | None = None,
+        cluster_name: str = "default",
+        node_id: str | None = None,
+        namespace: str = "default",
     ) -> None:
         self._config: dict[str, Any] = {
             "memory_budget_bytes": memory_budget_bytes,
@@ -63,7 +77,20 @@ class EmbeddedDrafter:
             "vocab_size": vocab_size,
             "max_request_tokens": max_request_tokens,
         }
-        self._native = NativeDrafter(**self._config)
+        servers = [cluster] if isinstance(cluster, str) else cluster
+        self._cluster = None if servers is None else list(servers)
+        self._native = NativeDrafter(
+            **self._config,
+            cluster=self._cluster,
+            cluster_name=cluster_name,
+            node_id=node_id,
+            namespace=namespace,
+        )
+
+    @property
+    def node_id(self) -> str | None:
+        """This drafter's id in its cluster (None: not in one)."""
+        return self._native.node_id
 
     @property
     def config(self) -> dict[str, int | float | bool]:
@@ -131,13 +158,17 @@ class EmbeddedDrafter:
         return batch
 
     def stats(self) -> dict[str, int | float]:
-        """Counters: active requests, trie nodes, memory, drafts, reported acceptance..."""
+        """Counters: active requests, trie nodes, memory, drafts, reported acceptance...; in a
+        cluster also ``cluster_connected``, ``cluster_published_messages`` (batches NATS took),
+        ``cluster_consumed_messages`` / ``_tokens`` (other members' batches applied) and
+        ``cluster_group_applied_tokens`` (samples of one prompt running elsewhere)."""
         return self._native.stats()
 
     def __repr__(self) -> str:
         s = self.stats()
+        joined = f", cluster={self._cluster}, node_id={self.node_id!r}" if self._cluster else ""
         return (
             f"EmbeddedDrafter(active_requests={s['active_requests']}, "
             f"trie_nodes={s['trie_nodes']}, memory={s['memory_bytes']}/"
-            f"{s['memory_budget_bytes']} bytes)"
+            f"{s['memory_budget_bytes']} bytes{joined})"
         )

@@ -488,6 +488,7 @@ def run_trial_processes(
     *,
     server_env: Callable[[str], dict[str, str]] | None = None,
     cluster: bool = False,
+    members_env: Callable[[str, int], dict[str, str]] | None = None,
     engines: int = 1,
 ) -> list[dict[str, Any]]:
     """Runs ``python -m module --child SPEC`` for one trial (``spec`` plus the trial's name
@@ -499,6 +500,8 @@ def run_trial_processes(
             variables that point the engines at its address.
         cluster: with ``server_env``, a sidecar per engine instead, the sidecars joined as a
             cluster through a NATS server (:class:`.cluster.LocalCluster`).
+        members_env: for a trial whose embedded drafters join a cluster: a NATS server runs
+            for the trial, and this gives engine ``e``'s variables from its URL.
         engines: processes at once, one engine each (``engine``, ``engines`` and a
             ``barrier`` folder added to each one's spec, the cores shared out between them).
     """
@@ -515,7 +518,15 @@ def run_trial_processes(
     if engines > 1:
         # More threads than cores makes engines side by side spin and wait at every step.
         env = {**env, "OMP_NUM_THREADS": str(cores_per_engine(engines))}
-    if server_env is None:
+    if members_env is not None:
+        from lookahead_client.processes.nats import NatsServerProcess
+
+        with NatsServerProcess() as nats:
+            run_children(
+                [(c, {**env, **members_env(nats.url, e)}) for e, c in enumerate(commands)],
+                trial,
+            )
+    elif server_env is None:
         run_children([(c, env) for c in commands], trial)
     elif cluster:
         from .cluster import LocalCluster
@@ -548,6 +559,7 @@ def check_server_binary(configs: Sequence[str]) -> None:
 
     needs = {"lookahead-server": [find_server_binary]}
     needs["lookahead-cluster"] = [find_server_binary, find_nats_server]
+    needs["lookahead-members"] = [find_nats_server]
     for config in configs:
         for find in needs.get(config, []):
             try:

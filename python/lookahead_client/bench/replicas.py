@@ -13,7 +13,9 @@ The configurations, side by side in rounds (:mod:`.rounds`, the method of ``look
 vllm``): ``plain``; ``suffix`` (vLLM's suffix decoding, per replica); ``lookahead-private``
 (the embedded drafter, per replica); ``lookahead-shared`` (one ``lookahead-server`` on a Unix
 socket for all); ``lookahead-cluster`` (a sidecar ``lookahead-server`` per replica, the
-sidecars joined through NATS JetStream).
+sidecars joined through NATS JetStream); ``lookahead-members`` (each replica's embedded drafter
+a member of one cluster through NATS JetStream: drafts in process, learns from every replica,
+no server).
 
 The JSON (``--json``) has ``table[workload][pass][config]`` with ``tok_s`` (output tokens per
 second, median of rounds), ``speedup`` (against ``plain`` in the same pass and round, median;
@@ -49,7 +51,7 @@ from .engine_bench import (
 )
 from .rounds import schedule
 from .sharing import PASSES, EngineRun, Plan, as_passes, plan_groups, plan_samples
-from .vllm_engine import CLUSTER, run_engines, sample_counts
+from .vllm_engine import CLUSTER, MEMBERS, run_engines, sample_counts
 
 __all__ = ["CONFIGS", "add_replicas_parser", "replicas_table", "run_replicas"]
 
@@ -60,9 +62,10 @@ CONFIGS: dict[str, str] = {
     "lookahead-private": "lookahead",
     "lookahead-shared": "lookahead-server",
     "lookahead-cluster": CLUSTER,
+    "lookahead-members": MEMBERS,
 }
 #: The configurations whose drafter counts what other replicas' text gave.
-_COUNTING = ("lookahead-private", "lookahead-shared", "lookahead-cluster")
+_COUNTING = ("lookahead-private", "lookahead-shared", "lookahead-cluster", "lookahead-members")
 
 
 def add_replicas_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -67,6 +67,7 @@ from .sharing import EngineRun, merge_engine_results, serve_share
 
 __all__ = [
     "CLUSTER",
+    "MEMBERS",
     "CONFIGS",
     "add_vllm_parser",
     "per_step_figures",
@@ -84,6 +85,9 @@ WHOLE_CHAINS = "lookahead-whole"
 #: Also accepted with ``--engines N``: a sidecar ``lookahead-server`` per engine, the sidecars
 #: joined as a cluster through NATS JetStream (every engine drafts from all engines' text).
 CLUSTER = "lookahead-cluster"
+#: Also accepted with ``--engines N``: each engine's embedded drafter a member of one cluster
+#: through NATS JetStream (drafts in process, learns from all engines' text; no server).
+MEMBERS = "lookahead-members"
 #: The ``custom_class`` proposer of the ``null`` configuration.
 NULL_PROPOSER_PATH = "lookahead_client.bench.null_proposer.NullProposer"
 
@@ -143,10 +147,11 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
         }
     if name == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS, CLUSTER):
+    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS, CLUSTER, MEMBERS):
         return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": k}
     raise InvalidArgumentError(
-        f"unknown configuration {name!r}; known: {', '.join(CONFIGS + (WHOLE_CHAINS, CLUSTER))}",
+        f"unknown configuration {name!r}; known: "
+        + ", ".join(CONFIGS + (WHOLE_CHAINS, CLUSTER, MEMBERS)),
         field="configs",
     )
 
@@ -357,7 +362,9 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_engine_arguments(vp, CONFIGS, f"; also: {WHOLE_CHAINS}, {CLUSTER} (with --engines)")
+    add_engine_arguments(
+        vp, CONFIGS, f"; also: {WHOLE_CHAINS}, {CLUSTER} and {MEMBERS} (with --engines)"
+    )
     vp.add_argument(
         "--n",
         action="append",
@@ -429,6 +436,15 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
         if name in ("lookahead-server", CLUSTER)
         else None,
         cluster=name == CLUSTER,
+        members_env=(
+            lambda url, engine: {
+                "LOOKAHEAD_VLLM": json.dumps(
+                    {"cluster": url, "cluster_name": "bench", "replica": f"r{engine}"}
+                )
+            }
+        )
+        if name == MEMBERS
+        else None,
         engines=engines,
     )
     return results[0] if engines == 1 else merge_engine_results(results)
@@ -443,11 +459,12 @@ def run_vllm(args: argparse.Namespace) -> int:
     if args.engines < 1:
         raise InvalidArgumentError(f"--engines: at least 1, got {args.engines}", field="engines")
     samples = sample_counts(args.n)
-    if CLUSTER in configs and args.engines < 2:
-        raise InvalidArgumentError(
-            f"configuration {CLUSTER}: a sidecar per engine needs --engines 2 or more",
-            field="configs",
-        )
+    for joined in (CLUSTER, MEMBERS):
+        if joined in configs and args.engines < 2:
+            raise InvalidArgumentError(
+                f"configuration {joined}: a cluster of engines needs --engines 2 or more",
+                field="configs",
+            )
     if args.engines > 1 and samples:
         raise InvalidArgumentError(
             "--engines runs greedy traffic: --n (samples per prompt) is not taken with it",
@@ -556,7 +573,7 @@ def _report(
         per_step=per_step_figures,
         engine_drafters=_VLLM_DRAFTERS,
         # Several engines: one server for all, or a cluster, against a drafter per engine.
-        pairs=(("lookahead-server", "lookahead"), (CLUSTER, "lookahead"))
+        pairs=(("lookahead-server", "lookahead"), (CLUSTER, "lookahead"), (MEMBERS, "lookahead"))
         if args.engines > 1
         else (),
         describe=describe,

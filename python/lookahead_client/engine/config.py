@@ -34,7 +34,8 @@ class LookaheadConfig:
     Attributes:
         target: ``host:port`` or ``unix:///path`` of a ``lookahead-server``; None builds an
             embedded drafter inside each scheduler process.
-        namespace: the server namespace (one per model / tokenizer; remote drafter only).
+        namespace: the namespace (one per model / tokenizer) on the server, or in the
+            cluster the embedded drafter joins.
         timeout: the deadline of one drafting step in seconds. Past it the step gets
             root-only trees (plain decoding) and the late answer is used when it arrives.
         memory_budget_bytes: memory of the embedded drafter (per scheduler process).
@@ -50,11 +51,18 @@ class LookaheadConfig:
             their expected accepted tokens pay for a verify step against a plain one, and a
             batch left without drafts runs as a plain decode step where that is measured
             cheaper (``lookahead_client.sglang.step_modes``). Off verifies every step.
+        cluster: NATS server URL(s) (``nats://HOST:PORT``, several comma-separated) that the
+            embedded drafter of each engine process joins as a member of a lookahead cluster
+            (embedded only): it drafts in process and learns what every replica's drafter and
+            every ``lookahead-server --cluster`` of ``cluster_name`` learns, in ``namespace``
+            (``EmbeddedDrafter``, docs/cluster.md). None: each process learns alone.
+        cluster_name: the cluster's name (``--cluster-name`` of its servers).
         token: bearer token for a server started with ``--auth-tokens`` (remote only; sent
             over a Unix socket or loopback TCP, see ``RemoteDrafter``). Not shown in reprs.
-        replica: the engine replica's name (remote only), so that the server counts the
-            accepted draft tokens that came from other replicas' text; None: the host's name
-            and the engine process's id.
+        replica: the engine replica's name, so that the server counts the accepted draft
+            tokens that came from other replicas' text; None: the host's name and the engine
+            process's id. With ``cluster`` it is the embedded drafter's node id (letters,
+            digits, '_' and '-'; None: a random one per process).
         quiet_every: while no request of a step has had a draft token accepted for a while
             (``lookahead_client.engine.book.QUIET_AFTER`` outcomes) and none has a draft to
             verify, the drafter may be called only every ``quiet_every``-th step, and is
@@ -76,6 +84,8 @@ class LookaheadConfig:
     min_score: float = DRAFTER_DEFAULTS["min_score"]
     chain: bool = DRAFTER_DEFAULTS["chain"]
     sizing: bool = True
+    cluster: str | None = None
+    cluster_name: str = "default"
     token: str | None = field(default=None, repr=False)
     replica: str | None = None
     quiet_every: int | None = None
@@ -88,6 +98,12 @@ class LookaheadConfig:
         if not self.timeout > 0:
             raise InvalidArgumentError(
                 f"timeout must be > 0 seconds, got {self.timeout}", field="timeout"
+            )
+        if self.cluster is not None and self.target is not None:
+            raise InvalidArgumentError(
+                "cluster is the embedded drafter's (a server joins with its own --cluster); "
+                "give target or cluster, not both",
+                field="cluster",
             )
         quiet = self.quiet_every
         if quiet is not None and (
@@ -118,7 +134,8 @@ class LookaheadConfig:
     def describe(self) -> str:
         """One line for logs: which drafter this config builds."""
         if self.embedded:
-            return f"embedded drafter ({self.memory_budget_bytes >> 20} MiB)"
+            joined = f", cluster {self.cluster_name!r} at {self.cluster}" if self.cluster else ""
+            return f"embedded drafter ({self.memory_budget_bytes >> 20} MiB{joined})"
         return f"lookahead-server {self.target} (namespace {self.namespace!r})"
 
     def build_drafter(self, *, num_slots: int, vocab_size: int, context_len: int = 0) -> Drafter:
@@ -146,6 +163,10 @@ class LookaheadConfig:
                 max_request_tokens=max(
                     DRAFTER_DEFAULTS["max_request_tokens"], context_len + num_slots
                 ),
+                cluster=None if self.cluster is None else self.cluster.split(","),
+                cluster_name=self.cluster_name,
+                node_id=self.replica,
+                namespace=self.namespace,
             )
         from lookahead_client.remote import RemoteDrafter
 

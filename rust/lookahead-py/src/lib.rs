@@ -7,10 +7,13 @@ use lookahead_core::{
     ConfigError, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, ErrorKind, Origin,
     StepColumns, StepCost, StepItem, Token,
 };
+use lookahead_server::ServerError;
+use lookahead_server::member::{ClusterMember, MemberSettings};
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use std::sync::Arc;
 
 /// Raises the `lookahead_client.errors` class `class` with `message`, naming `field`.
 fn typed_error(py: Python<'_>, class: &str, message: String, field: &str) -> PyErr {
@@ -123,6 +126,16 @@ fn config_error(py: Python<'_>, err: &ConfigError) -> PyErr {
     typed_error(py, "InvalidArgumentError", err.to_string(), field)
 }
 
+/// Why the drafter could not join its cluster: a bad setting names its field.
+fn member_error(py: Python<'_>, err: &ServerError) -> PyErr {
+    match err {
+        ServerError::Config { field, .. } => {
+            typed_error(py, "InvalidArgumentError", err.to_string(), field)
+        }
+        _ => typed_error(py, "LookaheadError", err.to_string(), "cluster"),
+    }
+}
+
 /// Drafter settings from Python: each `None` is the core's default.
 struct Settings {
     memory_budget_bytes: Option<usize>,
@@ -204,14 +217,18 @@ fn check_drafter_config(
 /// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
 #[pyclass(module = "lookahead_client._native", frozen)]
 struct NativeDrafter {
-    inner: Drafter,
+    inner: Arc<Drafter>,
+    /// The drafter's membership of a cluster (None: it learns only from this process).
+    member: Option<ClusterMember>,
 }
 
 #[pymethods]
 impl NativeDrafter {
-    /// A drafter with the given settings; each `None` is the core's default.
+    /// A drafter with the given settings; each `None` is the core's default. With `cluster` (NATS server URLs) the drafter joins that cluster as a member
+    /// (`lookahead_server::member`): `cluster_name`, `node_id` and `namespace` as a server's
+    /// `--cluster-name`, `--node-id` and a client's namespace.
     #[new]
-    #[pyo3(signature = (memory_budget_bytes=None, max_ngram=None, max_budget=None, min_score=None, chain=None, vocab_size=None, max_request_tokens=None))]
+    #[pyo3(signature = (memory_budget_bytes=None, max_ngram=None, max_budget=None, min_score=None, chain=None, vocab_size=None, max_request_tokens=None, cluster=None, cluster_name=None, node_id=None, namespace=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -222,6 +239,10 @@ impl NativeDrafter {
         chain: Option<bool>,
         vocab_size: Option<u32>,
         max_request_tokens: Option<usize>,
+        cluster: Option<Vec<String>>,
+        cluster_name: Option<String>,
+        node_id: Option<String>,
+        namespace: Option<String>,
     ) -> PyResult<Self> {
         let settings = Settings {
             memory_budget_bytes,
@@ -232,10 +253,29 @@ impl NativeDrafter {
             vocab_size,
             max_request_tokens,
         };
-        let config = settings.config(py)?;
-        Drafter::new(config)
-            .map(|inner| Self { inner })
-            .map_err(|e| config_error(py, &e))
+        let mut config = settings.config(py)?;
+        config.record_for_cluster = cluster.is_some();
+        let inner = Arc::new(Drafter::new(config).map_err(|e| config_error(py, &e))?);
+        let member = match cluster {
+            None => None,
+            Some(servers) => {
+                let settings = MemberSettings {
+                    servers,
+                    name: cluster_name.unwrap_or_else(|| "default".into()),
+                    node_id,
+                    namespace: namespace.unwrap_or_else(|| "default".into()),
+                };
+                let joined = py.detach(|| ClusterMember::join(Arc::clone(&inner), &settings));
+                Some(joined.map_err(|e| member_error(py, &e))?)
+            }
+        };
+        Ok(Self { inner, member })
+    }
+
+    /// This drafter's node id in its cluster (None: not in one).
+    #[getter]
+    fn node_id(&self) -> Option<&str> {
+        self.member.as_ref().map(ClusterMember::node_id)
     }
 
     fn start(&self, py: Python<'_>, request_id: &str, prompt: Vec<i64>) -> PyResult<()> {
@@ -326,7 +366,11 @@ impl NativeDrafter {
                     origin: Origin::default(), // one process, one replica
                 })
                 .collect();
-            self.inner.step_drafted(&items, cost.as_ref())
+            let results = self.inner.step_drafted(&items, cost.as_ref());
+            if let Some(member) = &self.member {
+                member.stepped();
+            }
+            results
         });
         let mut answer = StepColumns::with_capacity(results.len());
         for result in results {
@@ -365,6 +409,14 @@ impl NativeDrafter {
         d.set_item("sized_away", s.sized_away)?;
         d.set_item("active_groups", s.active_groups)?;
         d.set_item("group_bytes", s.group_bytes)?;
+        if let Some(member) = &self.member {
+            let c = member.counts();
+            d.set_item("cluster_connected", c.connected)?;
+            d.set_item("cluster_published_messages", c.published_messages)?;
+            d.set_item("cluster_consumed_messages", c.consumed_messages)?;
+            d.set_item("cluster_consumed_tokens", c.consumed_tokens)?;
+            d.set_item("cluster_group_applied_tokens", c.group_applied_tokens)?;
+        }
         Ok(d)
     }
 }

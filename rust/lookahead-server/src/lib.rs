@@ -19,6 +19,7 @@ pub mod convert;
 pub mod error;
 mod logging;
 mod maintenance;
+pub mod member;
 pub mod metrics;
 pub mod metrics_http;
 pub mod namespaces;

@@ -246,6 +246,18 @@ fn label(namespace: &str) -> NamespaceLabel {
 }
 
 impl ClusterMetrics {
+    /// What an embedded member of the cluster has exchanged for `namespace` so far.
+    pub fn member_counts(&self, namespace: &str) -> crate::member::MemberCounts {
+        let l = label(namespace);
+        crate::member::MemberCounts {
+            connected: self.connected.get() != 0,
+            published_messages: self.published_messages.get(),
+            consumed_messages: self.consumed_messages.get_or_create(&l).get(),
+            consumed_tokens: self.consumed_tokens.get_or_create(&l).get(),
+            group_applied_tokens: self.group_applied_tokens.get(),
+        }
+    }
+
     /// Records whether NATS is connected now (a new connection is counted).
     pub fn set_connected(&self, connected: bool) {
         let before = self.connected.set(i64::from(connected));

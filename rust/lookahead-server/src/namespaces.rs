@@ -154,19 +154,24 @@ impl Namespace {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(name, drafter, metrics, 0, stepped))
+        Ok(Self::with_drafter(
+            name,
+            Arc::new(drafter),
+            metrics,
+            0,
+            stepped,
+        ))
     }
 
     /// A namespace over an existing drafter (one restored from a snapshot that included the
     /// cluster stream up to `replicated_through`).
     fn with_drafter(
         name: &str,
-        drafter: Drafter,
+        drafter: Arc<Drafter>,
         metrics: NamespaceMetrics,
         replicated_through: u64,
         stepped: Arc<Notify>,
     ) -> Self {
-        let drafter = Arc::new(drafter);
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
             pending: Arc::new(AtomicBool::new(false)),
@@ -427,13 +432,39 @@ impl Namespaces {
             let metrics = self.metrics.namespace(&name);
             let ns = Arc::new(Namespace::with_drafter(
                 &name,
-                drafter,
+                Arc::new(drafter),
                 metrics,
                 replicated_through,
                 Arc::clone(&self.stepped),
             ));
             map.insert(name, ns);
         }
+    }
+
+    /// Adds a namespace over a drafter stepped elsewhere (an embedded drafter that joins a
+    /// cluster, [`crate::member`]): the cluster tasks apply and publish through it.
+    pub fn adopt(
+        &self,
+        name: &str,
+        drafter: Arc<Drafter>,
+    ) -> Result<Arc<Namespace>, NamespaceError> {
+        let name = resolve_name(name)?;
+        let mut map = self.map.write();
+        if map.contains_key(name) || map.len() >= self.limit {
+            return Err(NamespaceError::LimitReached {
+                name: name.to_string(),
+                limit: self.limit,
+            });
+        }
+        let ns = Arc::new(Namespace::with_drafter(
+            name,
+            drafter,
+            self.metrics.namespace(name),
+            0,
+            Arc::clone(&self.stepped),
+        ));
+        map.insert(name.to_string(), Arc::clone(&ns));
+        Ok(ns)
     }
 
     /// Every namespace that exists, sorted by name.

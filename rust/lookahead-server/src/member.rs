@@ -1,0 +1,198 @@
+//! An embedded drafter as a member of a cluster: the server's cluster tasks ([`crate::cluster`])
+//! run on a thread of their own beside a drafter that the engine steps in its own process.
+//!
+//! The engine drafts in process (no call on the step's path) and still learns what every other
+//! member learns: its drafter records what it learns for the cluster, the publisher sends it to
+//! NATS every `--cluster-batch-ms` and after steps, and the consumer applies the other
+//! members' texts (servers' and other embedded drafters') to the same drafter. NATS away or
+//! slow never blocks a step, as on a server.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use lookahead_core::Drafter;
+use tokio::sync::{Notify, oneshot};
+
+use crate::cluster::{Cluster, node_id};
+use crate::config::{Cli, ClusterConfig, ServerConfig};
+use crate::error::ServerError;
+use crate::metrics::{ClusterMetrics, ServerMetrics};
+use crate::namespaces::Namespaces;
+
+/// Where an embedded drafter joins a cluster.
+#[derive(Clone, Debug)]
+pub struct MemberSettings {
+    /// NATS server URLs (seeds), as the server's `--cluster`.
+    pub servers: Vec<String>,
+    /// The cluster's name, as `--cluster-name`.
+    pub name: String,
+    /// The member's node id, as `--node-id` (None: a random one).
+    pub node_id: Option<String>,
+    /// The namespace the drafter's texts belong to (servers that serve it share them).
+    pub namespace: String,
+}
+
+impl MemberSettings {
+    /// The cluster connection's settings: the server's own defaults (its command line with
+    /// only these flags), so that a member and a server of one cluster agree on the stream.
+    fn cluster_config(&self) -> Result<ClusterConfig, ServerError> {
+        let mut args = vec!["lookahead-server".to_string()];
+        for url in &self.servers {
+            args.extend(["--cluster".to_string(), url.clone()]);
+        }
+        args.extend(["--cluster-name".to_string(), self.name.clone()]);
+        if let Some(id) = &self.node_id {
+            args.extend(["--node-id".to_string(), id.clone()]);
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(args).map_err(|e| ServerError::Config {
+            field: "cluster",
+            reason: e.kind().to_string(),
+        })?;
+        let cluster = ServerConfig::try_from(cli)?
+            .cluster
+            .ok_or_else(|| ServerError::Config {
+                field: "cluster",
+                reason: "no NATS server URL given".into(),
+            })?;
+        cluster.validate()?;
+        Ok(cluster)
+    }
+}
+
+/// A running membership; leaving (drop) gives the last batches a second to reach NATS.
+pub struct ClusterMember {
+    node_id: String,
+    namespace: String,
+    stepped: Arc<Notify>,
+    metrics: Arc<ClusterMetrics>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ClusterMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterMember")
+            .field("node_id", &self.node_id)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a member has exchanged so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberCounts {
+    /// NATS is connected now.
+    pub connected: bool,
+    /// Batches of learnt texts NATS acknowledged.
+    pub published_messages: u64,
+    /// Batches of other members applied to the drafter.
+    pub consumed_messages: u64,
+    /// Tokens of those batches.
+    pub consumed_tokens: u64,
+    /// Group tokens of other members applied (samples of one prompt running elsewhere).
+    pub group_applied_tokens: u64,
+}
+
+impl ClusterMember {
+    /// Joins the cluster with `drafter`, which must record for it
+    /// ([`lookahead_core::DrafterConfig::record_for_cluster`]). Returns once the tasks run,
+    /// without waiting for NATS (the drafter drafts meanwhile). Errors are bad settings and a
+    /// thread or runtime that cannot start.
+    pub fn join(drafter: Arc<Drafter>, settings: &MemberSettings) -> Result<Self, ServerError> {
+        let config = settings.cluster_config()?;
+        let node_id = node_id::resolve(config.node_id.as_deref(), None).map_err(|reason| {
+            ServerError::Config {
+                field: "node_id",
+                reason,
+            }
+        })?;
+        let namespaces = Namespaces::new(
+            drafter.config().clone(),
+            1,
+            Arc::new(ServerMetrics::default()),
+        );
+        namespaces
+            .adopt(&settings.namespace, drafter)
+            .map_err(|e| ServerError::Config {
+                field: "namespace",
+                reason: e.to_string(),
+            })?;
+        let namespaces = Arc::new(namespaces);
+        let stepped = namespaces.stepped();
+        let metrics = Arc::new(ClusterMetrics::default());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ServerError::Runtime)?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::sync_channel(1);
+        let thread = {
+            let (node_id, metrics) = (node_id.clone(), Arc::clone(&metrics));
+            std::thread::Builder::new()
+                .name("lookahead-cluster".into())
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        match Cluster::start(config, node_id, namespaces, metrics).await {
+                            Ok(cluster) => {
+                                let _ = started_tx.send(Ok(()));
+                                // A dropped sender (the member dropped) stops the tasks too.
+                                let _ = stopped.await;
+                                cluster.shutdown().await;
+                            }
+                            Err(e) => {
+                                let _ = started_tx.send(Err(e));
+                            }
+                        }
+                    });
+                })
+                .map_err(ServerError::Runtime)?
+        };
+        match started.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(ServerError::Runtime(std::io::Error::other(
+                    "the cluster thread stopped before it started",
+                )));
+            }
+        }
+        Ok(Self {
+            node_id,
+            namespace: settings.namespace.clone(),
+            stepped,
+            metrics,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// This member's node id in the cluster.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Tells the cluster tasks that the drafter stepped (group tokens go out at once).
+    pub fn stepped(&self) {
+        self.stepped.notify_one();
+    }
+
+    /// What the member has exchanged so far.
+    pub fn counts(&self) -> MemberCounts {
+        self.metrics.member_counts(&self.namespace)
+    }
+}
+
+impl Drop for ClusterMember {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
