@@ -565,6 +565,12 @@ def test_config_builds_the_drafter_it_describes():
     ).build_drafter(num_slots=12, vocab_size=1000)
     assert isinstance(remote, RemoteDrafter)
     assert (remote.namespace, remote.timeout) == ("n", 0.02)
+    # nothing listens on port 1: the member drafts meanwhile, and says where it joins
+    member = LookaheadConfig(
+        cluster="nats://127.0.0.1:1", cluster_name="c", replica="r0", namespace="n"
+    ).build_drafter(num_slots=12, vocab_size=1000)
+    assert isinstance(member, EmbeddedDrafter) and member.node_id == "r0"
+    assert member.stats()["cluster_connected"] is False
 
 
 def test_launcher_flags_are_split_from_sglang_flags():
@@ -584,6 +590,11 @@ def test_launcher_flags_are_split_from_sglang_flags():
     assert rest == ["--model-path", "m", "--tp", "2", "--speculative-algorithm", "NGRAM"]
     assert split_argv(["--lookahead-no-sizing"])[0] == LookaheadConfig(sizing=False)
     assert split_argv(["--lookahead-quiet-every", "1"])[0] == LookaheadConfig(quiet_every=1)
+    joined = split_argv(["--lookahead-cluster", "nats://h:4222", "--lookahead-cluster-name", "c"])
+    assert joined[0] == LookaheadConfig(cluster="nats://h:4222", cluster_name="c")
+    with pytest.raises(InvalidArgumentError) as e:
+        split_argv(["--lookahead-cluster", "nats://h:4222", "--lookahead-target", "unix:///s"])
+    assert e.value.field == "cluster"
     _, rest = split_argv(["--speculative-algorithm=ngram", "--lookahead-t", "x"])
     assert rest == ["--speculative-algorithm=ngram", "--lookahead-t", "x"]  # no abbreviations
     with pytest.raises(InvalidArgumentError) as e:

@@ -53,14 +53,15 @@ def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir
     assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
 
 
-SHARED = ("lookahead-server", "lookahead-cluster")
+SHARED = ("lookahead-server", "lookahead-cluster", "lookahead-members")
 
 
 def test_two_vllm_engines_draft_from_one_server_and_from_a_cluster(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    """Two real vLLM engines (replicas) at once on one ``lookahead-server``, and each on its
-    own sidecar with the sidecars joined through NATS: every output is plain decoding's, and a
+    """Two real vLLM engines (replicas) at once on one ``lookahead-server``, each on its own
+    sidecar with the sidecars joined through NATS, and each drafting in process with its
+    embedded drafter a member of a cluster: every output is plain decoding's, and a
     prompt repeated on the other engine is drafted from the first engine's output (more tokens
     per step than on its first time; a private drafter never saw it), which the drafters count
     as accepted tokens from the other replica's text."""

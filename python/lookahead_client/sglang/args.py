@@ -82,6 +82,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "verify step runs as a plain decode step, where measured cheaper)",
     )
     g.add_argument(
+        "--lookahead-cluster",
+        default=None,
+        metavar="URL",
+        help="the embedded drafter of each scheduler joins the lookahead cluster at this NATS "
+        "URL (nats://HOST:PORT; several comma-separated): it drafts in process and learns what "
+        "every replica learns (docs/cluster.md)",
+    )
+    g.add_argument(
+        "--lookahead-cluster-name",
+        default="default",
+        metavar="NAME",
+        help="the cluster's name (--cluster-name of its servers; default %(default)s)",
+    )
+    g.add_argument(
         "--lookahead-quiet-every",
         type=int,
         default=None,
@@ -114,6 +128,8 @@ def config_from_args(ns: argparse.Namespace) -> LookaheadConfig:
         chain=ns.lookahead_chain,
         sizing=ns.lookahead_sizing,
         quiet_every=ns.lookahead_quiet_every,
+        cluster=ns.lookahead_cluster,
+        cluster_name=ns.lookahead_cluster_name,
         token=_read_token(ns.lookahead_token_file),
     )
 
