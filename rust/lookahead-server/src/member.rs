@@ -46,7 +46,14 @@ impl MemberSettings {
         }
         let cli = <Cli as clap::Parser>::try_parse_from(args).map_err(|e| ServerError::Config {
             field: "cluster",
-            reason: e.kind().to_string(),
+            // clap's message without its usage lines
+            reason: e
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ")
+                .to_string(),
         })?;
         let cluster = ServerConfig::try_from(cli)?
             .cluster
@@ -193,6 +200,54 @@ impl Drop for ClusterMember {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(servers: &[&str], name: &str, node_id: Option<&str>) -> MemberSettings {
+        MemberSettings {
+            servers: servers.iter().map(|s| (*s).to_string()).collect(),
+            name: name.to_string(),
+            node_id: node_id.map(str::to_string),
+            namespace: "default".into(),
+        }
+    }
+
+    #[test]
+    fn a_member_takes_the_servers_defaults_for_what_it_does_not_set() {
+        let config = settings(&["nats://127.0.0.1:4222"], "demo", Some("r0"))
+            .cluster_config()
+            .expect("valid settings");
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "lookahead-server",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--cluster-name",
+            "demo",
+            "--node-id",
+            "r0",
+        ])
+        .expect("a valid command line");
+        let server = ServerConfig::try_from(cli).expect("valid").cluster;
+        assert_eq!(Some(config), server);
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        for (s, field) in [
+            (settings(&["http://h:1"], "demo", None), "cluster"),
+            (settings(&[], "demo", None), "cluster"),
+            (settings(&["nats://h:1"], "a b", None), "cluster_name"),
+            (settings(&["nats://h:1"], "demo", Some("x.y")), "node_id"),
+        ] {
+            match s.cluster_config() {
+                Err(ServerError::Config { field: got, .. }) => assert_eq!(got, field, "{s:?}"),
+                other => panic!("{s:?}: expected a Config error, got {other:?}"),
+            }
         }
     }
 }
