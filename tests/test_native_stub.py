@@ -39,6 +39,15 @@ def test_the_stub_names_the_modules_functions_and_their_parameters():
         native = getattr(_native, name)
         exposed = {m for m in dir(native) if not m.startswith("_")}
         assert exposed == set(methods) - {"__init__"}, name
+        properties = {
+            n.name
+            for n in node.body
+            if isinstance(n, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)
+        }
         for method, params in methods.items():
             target = native if method == "__init__" else getattr(native, method)
+            if method in properties:
+                assert inspect.isdatadescriptor(target), f"{name}.{method} is no property"
+                continue
             assert params == _parameters(target), f"{name}.{method}"

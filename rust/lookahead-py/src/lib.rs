@@ -4,16 +4,16 @@
 
 use lookahead_core::slots::{self, Placed, SlotTree};
 use lookahead_core::{
-    ConfigError, DraftError, DraftShape, DraftTree, Drafter, DrafterConfig, ErrorKind, Origin,
-    StepColumns, StepCost, StepItem, Token,
+    ConfigError, DraftError, DraftShape, DraftTree, DrafterConfig, ErrorKind, Origin, StepColumns,
+    StepCost, StepItem, Token,
 };
 use lookahead_server::ServerError;
+use lookahead_server::local::LocalDrafter;
 use lookahead_server::member::{ClusterMember, MemberSettings};
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::sync::Arc;
 
 /// Raises the `lookahead_client.errors` class `class` with `message`, naming `field`.
 fn typed_error(py: Python<'_>, class: &str, message: String, field: &str) -> PyErr {
@@ -217,9 +217,7 @@ fn check_drafter_config(
 /// The embedded drafter (use `lookahead_client.EmbeddedDrafter`, which wraps it).
 #[pyclass(module = "lookahead_client._native", frozen)]
 struct NativeDrafter {
-    inner: Arc<Drafter>,
-    /// The drafter's membership of a cluster (None: it learns only from this process).
-    member: Option<ClusterMember>,
+    inner: LocalDrafter,
 }
 
 #[pymethods]
@@ -253,40 +251,34 @@ impl NativeDrafter {
             vocab_size,
             max_request_tokens,
         };
-        let mut config = settings.config(py)?;
-        config.record_for_cluster = cluster.is_some();
-        let inner = Arc::new(Drafter::new(config).map_err(|e| config_error(py, &e))?);
-        let member = match cluster {
-            None => None,
-            Some(servers) => {
-                let settings = MemberSettings {
-                    servers,
-                    name: cluster_name.unwrap_or_else(|| "default".into()),
-                    node_id,
-                    namespace: namespace.unwrap_or_else(|| "default".into()),
-                };
-                let joined = py.detach(|| ClusterMember::join(Arc::clone(&inner), &settings));
-                Some(joined.map_err(|e| member_error(py, &e))?)
-            }
-        };
-        Ok(Self { inner, member })
+        let config = settings.config(py)?;
+        let member = cluster.map(|servers| MemberSettings {
+            servers,
+            name: cluster_name.unwrap_or_else(|| "default".into()),
+            node_id,
+        });
+        let namespace = namespace.unwrap_or_else(|| "default".into());
+        let inner = py.detach(|| LocalDrafter::new(config, &namespace, member.as_ref()));
+        Ok(Self {
+            inner: inner.map_err(|e| member_error(py, &e))?,
+        })
     }
 
     /// This drafter's node id in its cluster (None: not in one).
     #[getter]
     fn node_id(&self) -> Option<&str> {
-        self.member.as_ref().map(ClusterMember::node_id)
+        self.inner.member().map(ClusterMember::node_id)
     }
 
     fn start(&self, py: Python<'_>, request_id: &str, prompt: Vec<i64>) -> PyResult<()> {
         let prompt = tokens(py, "prompt", prompt)?;
-        py.detach(|| self.inner.start(request_id, &prompt))
+        py.detach(|| self.inner.drafter().start(request_id, &prompt))
             .map_err(|e| draft_error(py, &e))
     }
 
     fn append(&self, py: Python<'_>, request_id: &str, new_tokens: Vec<i64>) -> PyResult<()> {
         let new_tokens = tokens(py, "new_tokens", new_tokens)?;
-        py.detach(|| self.inner.append(request_id, &new_tokens))
+        py.detach(|| self.inner.drafter().append(request_id, &new_tokens))
             .map_err(|e| draft_error(py, &e))
     }
 
@@ -297,19 +289,19 @@ impl NativeDrafter {
         budget: usize,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let tree = py
-            .detach(|| self.inner.draft(request_id, budget))
+            .detach(|| self.inner.drafter().draft(request_id, budget))
             .map_err(|e| draft_error(py, &e))?;
         tree_tuple(py, tree)
     }
 
     fn end(&self, py: Python<'_>, request_id: &str) -> PyResult<()> {
-        py.detach(|| self.inner.end(request_id))
+        py.detach(|| self.inner.drafter().end(request_id))
             .map_err(|e| draft_error(py, &e))
     }
 
     fn ingest(&self, py: Python<'_>, tokens_: Vec<i64>) -> PyResult<()> {
         let text = tokens(py, "tokens", tokens_)?;
-        py.detach(|| self.inner.ingest(&text))
+        py.detach(|| self.inner.drafter().ingest(&text))
             .map_err(|e| draft_error(py, &e))
     }
 
@@ -366,11 +358,7 @@ impl NativeDrafter {
                     origin: Origin::default(), // one process, one replica
                 })
                 .collect();
-            let results = self.inner.step_drafted(&items, cost.as_ref());
-            if let Some(member) = &self.member {
-                member.stepped();
-            }
-            results
+            self.inner.step(&items, cost.as_ref())
         });
         let mut answer = StepColumns::with_capacity(results.len());
         for result in results {
@@ -409,7 +397,7 @@ impl NativeDrafter {
         d.set_item("sized_away", s.sized_away)?;
         d.set_item("active_groups", s.active_groups)?;
         d.set_item("group_bytes", s.group_bytes)?;
-        if let Some(member) = &self.member {
+        if let Some(member) = self.inner.member() {
             let c = member.counts();
             d.set_item("cluster_connected", c.connected)?;
             d.set_item("cluster_published_messages", c.published_messages)?;

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod local;
 mod logging;
 mod maintenance;
 pub mod member;

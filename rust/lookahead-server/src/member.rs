@@ -1,5 +1,6 @@
 //! An embedded drafter as a member of a cluster: the server's cluster tasks ([`crate::cluster`])
-//! run on a thread of their own beside a drafter that the engine steps in its own process.
+//! run on a thread of their own beside a drafter that the engine steps in its own process
+//! ([`crate::local`]).
 //!
 //! The engine drafts in process (no call on the step's path) and still learns what every other
 //! member learns: its drafter records what it learns for the cluster, the publisher sends it to
@@ -10,13 +11,12 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use lookahead_core::Drafter;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use crate::cluster::{Cluster, node_id};
 use crate::config::{Cli, ClusterConfig, ServerConfig};
 use crate::error::ServerError;
-use crate::metrics::{ClusterMetrics, ServerMetrics};
+use crate::metrics::{ClusterCounts, ClusterMetrics};
 use crate::namespaces::Namespaces;
 
 /// Where an embedded drafter joins a cluster.
@@ -28,8 +28,6 @@ pub struct MemberSettings {
     pub name: String,
     /// The member's node id, as `--node-id` (None: a random one).
     pub node_id: Option<String>,
-    /// The namespace the drafter's texts belong to (servers that serve it share them).
-    pub namespace: String,
 }
 
 impl MemberSettings {
@@ -70,7 +68,6 @@ impl MemberSettings {
 pub struct ClusterMember {
     node_id: String,
     namespace: String,
-    stepped: Arc<Notify>,
     metrics: Arc<ClusterMetrics>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -85,27 +82,17 @@ impl std::fmt::Debug for ClusterMember {
     }
 }
 
-/// What a member has exchanged so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemberCounts {
-    /// NATS is connected now.
-    pub connected: bool,
-    /// Batches of learnt texts NATS acknowledged.
-    pub published_messages: u64,
-    /// Batches of other members applied to the drafter.
-    pub consumed_messages: u64,
-    /// Tokens of those batches.
-    pub consumed_tokens: u64,
-    /// Group tokens of other members applied (samples of one prompt running elsewhere).
-    pub group_applied_tokens: u64,
-}
-
 impl ClusterMember {
-    /// Joins the cluster with `drafter`, which must record for it
-    /// ([`lookahead_core::DrafterConfig::record_for_cluster`]). Returns once the tasks run,
-    /// without waiting for NATS (the drafter drafts meanwhile). Errors are bad settings and a
-    /// thread or runtime that cannot start.
-    pub fn join(drafter: Arc<Drafter>, settings: &MemberSettings) -> Result<Self, ServerError> {
+    /// Joins the cluster with the drafters of `namespaces` (one embedded drafter's, which
+    /// record for it: [`lookahead_core::DrafterConfig::record_for_cluster`]), counting what
+    /// `namespace` exchanges. Returns once the tasks run, without waiting for NATS (the
+    /// drafter drafts meanwhile). Errors are bad settings and a thread or runtime that cannot
+    /// start.
+    pub fn join(
+        namespaces: Arc<Namespaces>,
+        namespace: &str,
+        settings: &MemberSettings,
+    ) -> Result<Self, ServerError> {
         let config = settings.cluster_config()?;
         let node_id = node_id::resolve(config.node_id.as_deref(), None).map_err(|reason| {
             ServerError::Config {
@@ -113,19 +100,6 @@ impl ClusterMember {
                 reason,
             }
         })?;
-        let namespaces = Namespaces::new(
-            drafter.config().clone(),
-            1,
-            Arc::new(ServerMetrics::default()),
-        );
-        namespaces
-            .adopt(&settings.namespace, drafter)
-            .map_err(|e| ServerError::Config {
-                field: "namespace",
-                reason: e.to_string(),
-            })?;
-        let namespaces = Arc::new(namespaces);
-        let stepped = namespaces.stepped();
         let metrics = Arc::new(ClusterMetrics::default());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -169,8 +143,7 @@ impl ClusterMember {
         }
         Ok(Self {
             node_id,
-            namespace: settings.namespace.clone(),
-            stepped,
+            namespace: namespace.to_string(),
             metrics,
             stop: Some(stop),
             thread: Some(thread),
@@ -182,14 +155,9 @@ impl ClusterMember {
         &self.node_id
     }
 
-    /// Tells the cluster tasks that the drafter stepped (group tokens go out at once).
-    pub fn stepped(&self) {
-        self.stepped.notify_one();
-    }
-
     /// What the member has exchanged so far.
-    pub fn counts(&self) -> MemberCounts {
-        self.metrics.member_counts(&self.namespace)
+    pub fn counts(&self) -> ClusterCounts {
+        self.metrics.counts(&self.namespace)
     }
 }
 
@@ -213,7 +181,6 @@ mod tests {
             servers: servers.iter().map(|s| (*s).to_string()).collect(),
             name: name.to_string(),
             node_id: node_id.map(str::to_string),
-            namespace: "default".into(),
         }
     }
 

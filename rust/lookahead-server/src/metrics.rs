@@ -187,6 +187,21 @@ pub const CLUSTER_LAG_BOUNDS_S: [f64; 16] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
+/// What a cluster connection has exchanged for one namespace so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterCounts {
+    /// NATS is connected now.
+    pub connected: bool,
+    /// Batches of learnt texts NATS acknowledged.
+    pub published_messages: u64,
+    /// Batches of other nodes applied to the namespace's drafter.
+    pub consumed_messages: u64,
+    /// Tokens of those batches.
+    pub consumed_tokens: u64,
+    /// Group tokens of other nodes applied (samples of one prompt running elsewhere).
+    pub group_applied_tokens: u64,
+}
+
 /// The counters of the cluster connection (`--cluster`).
 #[derive(Debug)]
 pub struct ClusterMetrics {
@@ -246,10 +261,10 @@ fn label(namespace: &str) -> NamespaceLabel {
 }
 
 impl ClusterMetrics {
-    /// What an embedded member of the cluster has exchanged for `namespace` so far.
-    pub fn member_counts(&self, namespace: &str) -> crate::member::MemberCounts {
+    /// What the connection has exchanged for `namespace` so far.
+    pub fn counts(&self, namespace: &str) -> ClusterCounts {
         let l = label(namespace);
-        crate::member::MemberCounts {
+        ClusterCounts {
             connected: self.connected.get() != 0,
             published_messages: self.published_messages.get(),
             consumed_messages: self.consumed_messages.get_or_create(&l).get(),

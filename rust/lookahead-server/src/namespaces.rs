@@ -154,24 +154,19 @@ impl Namespace {
             name: name.to_string(),
             source,
         })?;
-        Ok(Self::with_drafter(
-            name,
-            Arc::new(drafter),
-            metrics,
-            0,
-            stepped,
-        ))
+        Ok(Self::with_drafter(name, drafter, metrics, 0, stepped))
     }
 
     /// A namespace over an existing drafter (one restored from a snapshot that included the
     /// cluster stream up to `replicated_through`).
     fn with_drafter(
         name: &str,
-        drafter: Arc<Drafter>,
+        drafter: Drafter,
         metrics: NamespaceMetrics,
         replicated_through: u64,
         stepped: Arc<Notify>,
     ) -> Self {
+        let drafter = Arc::new(drafter);
         let flush = FlushState {
             gate: Arc::new(Mutex::new(())),
             pending: Arc::new(AtomicBool::new(false)),
@@ -299,6 +294,18 @@ impl Namespace {
         results
     }
 
+    /// One engine step with its inserts applied before it returns (after those of earlier
+    /// steps): for steps that bring too few tokens to be worth handing to the thread.
+    pub fn step_inline(
+        &self,
+        items: &[StepItem<'_>],
+        cost: Option<&StepCost>,
+    ) -> Vec<Result<Drafted, DraftError>> {
+        let results = self.settled().step_drafted(items, cost);
+        self.stepped.notify_one();
+        results
+    }
+
     /// Ends a request if it is active (used to reset a request before restarting it).
     /// Returns whether it was active.
     pub fn end_if_active(&self, request_id: &str) -> Result<bool, DraftError> {
@@ -313,6 +320,13 @@ impl Namespace {
     /// Bulk-loads one finished text into the shared statistics.
     pub fn ingest(&self, tokens: &[u32]) -> Result<(), DraftError> {
         self.drafter.ingest(tokens)
+    }
+
+    /// The drafter, after the inserts of every answered step: for calls between steps
+    /// (start, append, draft, end) that must see what the steps before them learnt.
+    pub fn settled(&self) -> &Drafter {
+        self.flush.settle(&self.drafter);
+        &self.drafter
     }
 
     /// The drafter's counters, after the inserts of every answered step.
@@ -432,39 +446,13 @@ impl Namespaces {
             let metrics = self.metrics.namespace(&name);
             let ns = Arc::new(Namespace::with_drafter(
                 &name,
-                Arc::new(drafter),
+                drafter,
                 metrics,
                 replicated_through,
                 Arc::clone(&self.stepped),
             ));
             map.insert(name, ns);
         }
-    }
-
-    /// Adds a namespace over a drafter stepped elsewhere (an embedded drafter that joins a
-    /// cluster, [`crate::member`]): the cluster tasks apply and publish through it.
-    pub fn adopt(
-        &self,
-        name: &str,
-        drafter: Arc<Drafter>,
-    ) -> Result<Arc<Namespace>, NamespaceError> {
-        let name = resolve_name(name)?;
-        let mut map = self.map.write();
-        if map.contains_key(name) || map.len() >= self.limit {
-            return Err(NamespaceError::LimitReached {
-                name: name.to_string(),
-                limit: self.limit,
-            });
-        }
-        let ns = Arc::new(Namespace::with_drafter(
-            name,
-            drafter,
-            self.metrics.namespace(name),
-            0,
-            Arc::clone(&self.stepped),
-        ));
-        map.insert(name.to_string(), Arc::clone(&ns));
-        Ok(ns)
     }
 
     /// Every namespace that exists, sorted by name.
