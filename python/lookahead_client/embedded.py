@@ -25,7 +25,10 @@ class EmbeddedDrafter:
 
     It keeps an index of every active request (prompt and outputs) and an n-gram trie shared
     by all requests, and proposes draft trees that combine both. Thread-safe: the core releases
-    the GIL, so several threads may step it at once.
+    the GIL, so several threads may step it at once. A step that brings many tokens (new
+    prompts) answers before it inserts them into the shared trie; a thread of the drafter's
+    own does that while the engine computes, and the next call waits for it, so drafts are
+    the same either way.
 
     Args:
         memory_budget_bytes: bytes the drafter may use in all (shared trie + active requests).
