@@ -222,9 +222,11 @@ struct NativeDrafter {
 
 #[pymethods]
 impl NativeDrafter {
-    /// A drafter with the given settings; each `None` is the core's default. With `cluster` (NATS server URLs) the drafter joins that cluster as a member
+    /// A drafter with the given settings; each `None` is the core's default. With `cluster`
+    /// (NATS server URLs) the drafter joins that cluster as a member
     /// (`lookahead_server::member`): `cluster_name`, `node_id` and `namespace` as a server's
-    /// `--cluster-name`, `--node-id` and a client's namespace.
+    /// `--cluster-name`, `--node-id` and a client's namespace (each `None`: the server's
+    /// default).
     #[new]
     #[pyo3(signature = (memory_budget_bytes=None, max_ngram=None, max_budget=None, min_score=None, chain=None, vocab_size=None, max_request_tokens=None, cluster=None, cluster_name=None, node_id=None, namespace=None))]
     #[allow(clippy::too_many_arguments)]
@@ -254,10 +256,11 @@ impl NativeDrafter {
         let config = settings.config(py)?;
         let member = cluster.map(|servers| MemberSettings {
             servers,
-            name: cluster_name.unwrap_or_else(|| "default".into()),
+            name: cluster_name,
             node_id,
         });
-        let namespace = namespace.unwrap_or_else(|| "default".into());
+        // "": the server's default namespace
+        let namespace = namespace.unwrap_or_default();
         let inner = py.detach(|| LocalDrafter::new(config, &namespace, member.as_ref()));
         Ok(Self {
             inner: inner.map_err(|e| member_error(py, &e))?,

@@ -35,8 +35,8 @@ impl std::fmt::Debug for LocalDrafter {
 }
 
 impl LocalDrafter {
-    /// A drafter with `config` (checked by the caller) for `namespace`, a member of the
-    /// cluster `cluster` names (None: on its own). Errors are a bad namespace name, bad
+    /// A drafter with `config` (checked by the caller) for `namespace` (empty: the default
+    /// one), a member of the cluster `cluster` names (None: on its own). Errors are a bad namespace name, bad
     /// cluster settings, and a cluster thread that cannot start.
     pub fn new(
         mut config: DrafterConfig,

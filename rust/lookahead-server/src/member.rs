@@ -24,8 +24,8 @@ use crate::namespaces::Namespaces;
 pub struct MemberSettings {
     /// NATS server URLs (seeds), as the server's `--cluster`.
     pub servers: Vec<String>,
-    /// The cluster's name, as `--cluster-name`.
-    pub name: String,
+    /// The cluster's name, as `--cluster-name` (None: its default).
+    pub name: Option<String>,
     /// The member's node id, as `--node-id` (None: a random one).
     pub node_id: Option<String>,
 }
@@ -38,9 +38,10 @@ impl MemberSettings {
         for url in &self.servers {
             args.extend(["--cluster".to_string(), url.clone()]);
         }
-        args.extend(["--cluster-name".to_string(), self.name.clone()]);
-        if let Some(id) = &self.node_id {
-            args.extend(["--node-id".to_string(), id.clone()]);
+        for (flag, value) in [("--cluster-name", &self.name), ("--node-id", &self.node_id)] {
+            if let Some(value) = value {
+                args.extend([flag.to_string(), value.clone()]);
+            }
         }
         let cli = <Cli as clap::Parser>::try_parse_from(args).map_err(|e| ServerError::Config {
             field: "cluster",
@@ -179,7 +180,7 @@ mod tests {
     fn settings(servers: &[&str], name: &str, node_id: Option<&str>) -> MemberSettings {
         MemberSettings {
             servers: servers.iter().map(|s| (*s).to_string()).collect(),
-            name: name.to_string(),
+            name: Some(name.to_string()),
             node_id: node_id.map(str::to_string),
         }
     }
