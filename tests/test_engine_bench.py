@@ -127,18 +127,29 @@ def _child_result(
     tokens=50,
 ):
     """A vLLM bench child's result for one workload: two batch-1 prompts (halves A, B) of
-    ``tokens`` tokens each and a full batch of twice that, in ``steps`` request-steps."""
-    counters = {
-        "vllm:spec_decode_num_accepted_tokens": accepted,
-        "vllm:spec_decode_num_drafts": drafts,
-        "vllm:spec_decode_num_draft_tokens": 4 * drafts,
-        "vllm:time_to_first_token_seconds": 2.0,  # one per request
-        "vllm:inter_token_latency_seconds": steps - 2.0,
-        "vllm:iteration_tokens_total": steps,
-    }
+    ``tokens`` tokens each and a full batch of twice that, each pass in ``steps``
+    request-steps; at batch 1 every draft is the first prompt's."""
+
+    def counters(share: float, requests: int) -> dict[str, float]:
+        return {
+            "vllm:spec_decode_num_accepted_tokens": share * accepted,
+            "vllm:spec_decode_num_drafts": share * drafts,
+            "vllm:spec_decode_num_draft_tokens": share * 4 * drafts,
+            "vllm:time_to_first_token_seconds": requests,  # one per request
+            "vllm:inter_token_latency_seconds": requests * (steps / 2 - 1),
+            "vllm:iteration_tokens_total": requests * steps / 2,
+        }
+
     prompts = [
-        {"id": str(i), "half": half, "seconds": seconds / 2, "tokens": tokens, "outputs": [out]}
-        for i, (half, out) in enumerate(zip("AB", outputs, strict=True))
+        {
+            "id": str(i),
+            "half": half,
+            "seconds": seconds / 2,
+            "tokens": tokens,
+            "outputs": [out],
+            "counters": counters(share, 1),
+        }
+        for i, (half, out, share) in enumerate(zip("AB", outputs, (1.0, 0.0), strict=True))
     ]
     return {
         "workloads": {
@@ -151,8 +162,7 @@ def _child_result(
                     "tokens": 2 * tokens,
                     "outputs": [[o] for o in outputs],
                 },
-                "counters_batch1": counters,
-                "counters_batch": counters,
+                "counters_batch": counters(1.0, 2),
             }
         }
     }
@@ -193,7 +203,12 @@ def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
     # Identical only when identical in every round.
     assert table["wrong"]["identical_batch1"] == 1 and table["wrong"]["identical_batch"] is False
     assert table["wrong"]["prompts_over_5pct_slower"] == 2
-    assert summarise(rounds, "w", "A", per_step_figures)["drafty"]["prompts"] == 1
+    # A half's figures are its own prompts': every draft was half A's.
+    halves = {h: summarise(rounds, "w", h, per_step_figures)["drafty"] for h in "AB"}
+    assert halves["A"]["prompts"] == 1
+    assert halves["A"]["per_step_batch1"]["request_steps"] == 50
+    assert halves["A"]["per_step_batch1"]["drafted_share"] == 1.0
+    assert halves["B"]["per_step_batch1"]["drafted_share"] == 0.0
 
 
 def test_speedups_are_per_output_token_so_sampled_text_that_stops_early_is_not_fast():

@@ -4,12 +4,14 @@ prompt sets, the layout of a trial's result, and its summaries over rounds (:mod
 A trial's process writes, per workload::
 
     {"n": samples per prompt, "temperature": ...,
-     "prompts": [{"id", "half", "seconds", "tokens", "outputs": [[token, ...], ...]}, ...],
+     "prompts": [{"id", "half", "seconds", "tokens", "outputs": [[token, ...], ...],
+                  "counters": {...}}, ...],
      "batch": {"seconds", "tokens", "outputs": [[[token, ...], ...], ...]},
-     "counters_batch1": {...}, "counters_batch": {...}}
+     "counters_batch": {...}}
 
 (``prompts``: the batch-1 pass, one prompt at a time; ``batch``: the full batch; counters: the
-engine's own, read around each pass, which each benchmark turns into per-step figures).
+engine's own, read around each batch-1 prompt and around the full batch, which each benchmark
+turns into per-step figures: a half's figures are its own prompts').
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "cores_per_engine",
     "ensure_model",
     "number",
+    "pass_counters",
     "pass_figures",
     "plot",
     "print_costs",
@@ -140,6 +143,13 @@ def pass_figures(run: dict, name: str, keep: Sequence[int]) -> tuple[float, int,
     return run["batch"]["seconds"], run["batch"]["tokens"], run["batch"]["outputs"]
 
 
+def pass_counters(run: dict, name: str, keep: Sequence[int]) -> dict[str, float]:
+    """The engine's counters over one pass of a workload (``batch1``: the ``keep`` prompts')."""
+    if name == "batch1":
+        return sum_counters([run["prompts"][i]["counters"] for i in keep])
+    return run["counters_batch"]
+
+
 def per_token(seconds: float, tokens: int) -> float:
     """Seconds per output token: what speed-ups compare. Sampled outputs end where their EOS
     falls, so two configurations' passes over the same prompts write different amounts of
@@ -204,7 +214,7 @@ def summarise(
                     if sampled
                     else (identical if p == "batch1" else identical == len(runs[0][2])),
                     f"per_step_{p}": per_step(
-                        [r[name]["workloads"][workload][f"counters_{p}"] for r in rounds],
+                        [pass_counters(r[name]["workloads"][workload], p, keep) for r in rounds],
                         sum(tokens for _, tokens, _ in runs),
                     ),
                 }

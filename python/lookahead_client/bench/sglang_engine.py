@@ -247,19 +247,20 @@ def _spec_counts(outputs: Sequence[dict]) -> dict[str, float]:
     }
 
 
-def _timed_request(engine: Any, prompt: dict[str, Any], params: dict[str, Any]):
-    """Generates one prompt alone: its record (the layout of :mod:`.engine_bench`) and
-    SGLang's output."""
+def _timed_request(engine: Any, prompt: dict[str, Any], params: dict[str, Any]) -> dict:
+    """Generates one prompt alone: its record (the layout of :mod:`.engine_bench`), the
+    engine's counters over it included."""
+    before = _counters(engine)
     t = time.perf_counter()
     out = engine.generate(input_ids=[prompt["ids"]], sampling_params=params)
-    record = {
+    return {
         "id": prompt["id"],
         "half": prompt["half"],
         "seconds": time.perf_counter() - t,
         "tokens": len(out[0]["output_ids"]),
         "outputs": [out[0]["output_ids"]],
+        "counters": {**delta(_counters(engine), before), **_spec_counts(out)},
     }
-    return record, out
 
 
 def _child(spec_path: str) -> int:
@@ -289,14 +290,9 @@ def _child(spec_path: str) -> int:
 def _passes(engine: Any, sets: dict[str, list], params: dict[str, Any]) -> dict[str, Any]:
     """A workload's two passes on one engine: its batch-1 prompts one by one, then the
     others at once."""
-    row: dict[str, Any] = {"n": 1, "temperature": 0.0, "prompts": []}
+    row: dict[str, Any] = {"n": 1, "temperature": 0.0}
+    row["prompts"] = [_timed_request(engine, p, params) for p in sets["batch1"]]
     before = _counters(engine)
-    metas_b1 = []
-    for p in sets["batch1"]:
-        record, out = _timed_request(engine, p, params)
-        row["prompts"].append(record)
-        metas_b1 += out
-    middle = _counters(engine)
     batch = [p["ids"] for p in sets["batch"]]
     t = time.perf_counter()
     out = engine.generate(input_ids=batch, sampling_params=params) if batch else []
@@ -305,20 +301,14 @@ def _passes(engine: Any, sets: dict[str, list], params: dict[str, Any]) -> dict[
         "tokens": sum(len(o["output_ids"]) for o in out),
         "outputs": [[o["output_ids"]] for o in out],
     }
-    row["counters_batch1"] = {**delta(middle, before), **_spec_counts(metas_b1)}
-    row["counters_batch"] = {**delta(_counters(engine), middle), **_spec_counts(out)}
+    row["counters_batch"] = {**delta(_counters(engine), before), **_spec_counts(out)}
     return row
 
 
 def _engine_traffic(engine: Any, spec: dict[str, Any], params: dict[str, Any]) -> dict:
     """This engine's share of the traffic of several engines (:func:`.sharing.serve_share`)."""
 
-    def serve(prompt: dict[str, Any]) -> tuple[dict, dict[str, float]]:
-        before = _counters(engine)
-        record, generated = _timed_request(engine, prompt, params)
-        return record, {**delta(_counters(engine), before), **_spec_counts(generated)}
-
-    return serve_share(spec, serve)
+    return serve_share(spec, lambda prompt: _timed_request(engine, prompt, params))
 
 
 # -- the parent: every configuration, side by side, in rounds ------------------------------

@@ -39,7 +39,6 @@ from lookahead_client.errors import InvalidArgumentError
 from .engine_bench import (
     cores_per_engine,
     distinct_prompts,
-    sum_counters,
     workload_prompts_by_stem,
 )
 
@@ -264,19 +263,19 @@ class EngineRun:
 
 
 def serve_share(
-    spec: Mapping[str, Any], serve: Callable[[dict[str, Any]], tuple[dict, dict[str, float]]]
+    spec: Mapping[str, Any], serve: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any]:
     """An engine's share of the traffic (``spec``: ``traffic``, ``engine``, ``engines`` and
     the ``barrier`` folder), slot by slot in step with the other engines.
 
     Args:
         serve: generates one prompt alone: its record (``id``, ``half``, ``seconds``,
-            ``tokens``, ``outputs``) and the engine's counters over it.
+            ``tokens``, ``outputs``, and the engine's ``counters`` over it).
 
     Returns:
         Per workload and kind of request (``WORKLOAD/KIND``) the layout of
         :mod:`.engine_bench`: the requests (each with its ``slot``, ``engine`` and ``place``
-        in the slot) in ``prompts``, their counters summed in ``counters_batch1``.
+        in the slot) in ``prompts``.
     """
     me = spec["engine"]
     barrier = SlotBarrier(spec["barrier"], spec["engines"], me)
@@ -293,7 +292,6 @@ def serve_share(
                     "temperature": 0.0,
                     "prompts": [],
                     "batch": {"seconds": 0.0, "tokens": 0, "outputs": []},
-                    "counters_batch1": {},
                     "counters_batch": {},
                 },
             )
@@ -301,10 +299,10 @@ def serve_share(
         for per_engine in plan:
             slot += 1
             for place, prompt in enumerate(per_engine[me]):
-                record, counters = serve(prompt)
-                row = rows[prompt["kind"]]
-                row["prompts"].append({**record, "slot": slot, "engine": me, "place": place})
-                row["counters_batch1"] = sum_counters([row["counters_batch1"], counters])
+                record = serve(prompt)
+                rows[prompt["kind"]]["prompts"].append(
+                    {**record, "slot": slot, "engine": me, "place": place}
+                )
             barrier.wait(slot)
         out.update({f"{workload}/{kind}": row for kind, row in rows.items()})
     return out
@@ -350,8 +348,8 @@ class SlotBarrier:
 
 def merge_engine_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One trial result (the layout of :mod:`.engine_bench`) from each engine's: per
-    workload, the requests of every engine in plan order (slot, engine, place), the counters
-    summed; ``startup_s`` the slowest engine's."""
+    workload, the requests of every engine in plan order (slot, engine, place);
+    ``startup_s`` the slowest engine's."""
     merged: dict[str, Any] = {
         "startup_s": max(r["startup_s"] for r in results),
         "workloads": {},
@@ -363,8 +361,7 @@ def merge_engine_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             key=lambda p: (p["slot"], p["engine"], p["place"]),
         )
         merged["workloads"][name] = {
-            **{k: v for k, v in rows[0].items() if k not in ("prompts", "counters_batch1")},
+            **{k: v for k, v in rows[0].items() if k != "prompts"},
             "prompts": prompts,
-            "counters_batch1": sum_counters([row["counters_batch1"] for row in rows]),
         }
     return merged

@@ -187,9 +187,11 @@ def _counters(llm) -> dict[str, float]:
 
 
 def _timed_request(llm, prompt: dict[str, Any], params) -> dict[str, Any]:
-    """Generates one prompt alone; its record (the layout of :mod:`.engine_bench`)."""
+    """Generates one prompt alone; its record (the layout of :mod:`.engine_bench`), the
+    engine's counters over it included."""
     from vllm.inputs import TokensPrompt
 
+    before = _counters(llm)
     t = time.perf_counter()
     out = llm.generate([TokensPrompt(prompt_token_ids=prompt["ids"])], params, use_tqdm=False)
     seconds = time.perf_counter() - t
@@ -200,6 +202,7 @@ def _timed_request(llm, prompt: dict[str, Any], params) -> dict[str, Any]:
         "seconds": seconds,
         "tokens": sum(len(o) for o in outputs),
         "outputs": outputs,
+        "counters": delta(_counters(llm), before),
     }
 
 
@@ -239,15 +242,13 @@ def _child(spec_path: str) -> int:
     )
     if "engines" in spec:
 
-        def serve(prompt: dict[str, Any]) -> tuple[dict, dict[str, float]]:
+        def serve(prompt: dict[str, Any]) -> dict[str, Any]:
             params = SamplingParams(  # greedy unless the plan samples (rollouts)
                 max_tokens=spec["max_new_tokens"],
                 temperature=prompt.get("temperature", 0.0),
                 seed=prompt.get("seed", 0),
             )
-            before = _counters(llm)
-            record = _timed_request(llm, prompt, params)
-            return record, delta(_counters(llm), before)
+            return _timed_request(llm, prompt, params)
 
         result["workloads"] = serve_share(spec, serve)
     for workload, sets in spec.get("prompts", {}).items():
@@ -258,13 +259,12 @@ def _child(spec_path: str) -> int:
             max_tokens=spec["max_new_tokens"], temperature=temperature, n=n, seed=0
         )
         row: dict[str, Any] = {"n": n, "temperature": temperature, "prompts": []}
-        before = _counters(llm)
         row["prompts"] = [_timed_request(llm, p, params) for p in sets["batch1"]]
-        middle = _counters(llm)
         stats = _proposer(llm)
         if stats is not None:  # what the chains of these prompts were sized against
             row["cost_curve_ms_batch1"] = stats.get("cost_curve_ms")
             row["draft_overhead_ms_batch1"] = stats.get("draft_overhead_ms")
+        before = _counters(llm)
         t = time.perf_counter()
         batch = sets["batch"]
         out = (
@@ -279,8 +279,7 @@ def _child(spec_path: str) -> int:
             "tokens": sum(len(c.token_ids) for o in out for c in o.outputs),
             "outputs": [[list(c.token_ids) for c in o.outputs] for o in out],
         }
-        row["counters_batch1"] = delta(middle, before)
-        row["counters_batch"] = delta(_counters(llm), middle)
+        row["counters_batch"] = delta(_counters(llm), before)
         stats = _proposer(llm)
         if stats is not None:
             row["draft_overhead_ms_batch"] = stats.get("draft_overhead_ms")
