@@ -25,7 +25,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from .rounds import BASELINE, Spread, Trial, TrialCost, compare, run_children, speedups
+from .rounds import (
+    BASELINE,
+    Spread,
+    Trial,
+    TrialCost,
+    compare,
+    paired_text,
+    run_children,
+    speedups,
+)
 
 __all__ = [
     "Column",
@@ -271,9 +280,9 @@ def versus(
         wanted = [(o, r) for o in ours for r in rivals]
         wanted += [(a, b) for a, b in pairs if a in names and b in names]
         for ours_name, rival in wanted:
-            verdict, ratio = compare(token_seconds[ours_name], token_seconds[rival])
+            verdict, paired = compare(token_seconds[ours_name], token_seconds[rival])
             out.setdefault(ours_name, {}).setdefault(p, []).append(
-                {"against": rival, "verdict": verdict, "ratio": ratio.as_dict()}
+                {"against": rival, "verdict": verdict, "ratio": paired.as_dict()}
             )
     return out
 
@@ -384,11 +393,8 @@ def print_tables(
         for name, by_pass in verdicts.get(w, {}).items():
             for p, items in by_pass.items():
                 for v in items:
-                    r = v["ratio"]
-                    print(
-                        f"  {name} vs {v['against']} ({p}): {v['verdict']} "
-                        f"({r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}])"
-                    )
+                    text = paired_text(v["ratio"])
+                    print(f"  {name} vs {v['against']} ({p}): {v['verdict']} ({text})")
 
 
 def print_costs(costs: dict[str, list[dict]]) -> None:

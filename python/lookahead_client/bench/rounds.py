@@ -11,8 +11,18 @@ plain in two runs). So an engine benchmark is run in *rounds*:
   machine's load did to that round, it did to both), and reported as the median and the
   range (min-max) over rounds;
 * two configurations are compared round by round, as the ratio of their speeds in each
-  round: one is *ahead* only when it is ahead in every round; a difference smaller than the
-  spread of the rounds is a *tie*.
+  round: one is *ahead* (*behind*) when the 95% confidence interval of the ratio's geometric
+  mean over rounds (a t-interval of the rounds' log ratios) lies above (below) 1; a difference
+  the interval does not resolve is a *tie*.
+
+Why an interval and not "ahead in every round": each engine process has a speed of its own.
+Two processes of the *same* configuration, alive at once and taking turns prompt by prompt,
+differed by 2-7% over the same twelve prompts (docs/vllm.md, run 41), as much as two run one
+after the other. So the noise is per trial, not the machine drifting between trials, and
+only more rounds (fresh processes) resolve a smaller difference: the interval narrows as
+they grow (trials that stray by 3% each: about +-5% at 5 rounds, +-3.5% at 8), while
+"ahead in every round" grows harder to meet with every round, and at 3 rounds calls a
+configuration with no real difference ahead or behind one time in four.
 
 Each trial's wall and CPU seconds and the machine's load before it are kept with it.
 :func:`run_rounds` says up front what a run costs, and shows a progress bar with an ETA.
@@ -38,11 +48,14 @@ from lookahead_client.errors import InvalidArgumentError
 
 __all__ = [
     "BASELINE",
+    "CONFIDENCE",
+    "Paired",
     "Spread",
     "Trial",
     "TrialCost",
     "TrialError",
     "compare",
+    "paired_text",
     "rotated",
     "run_child",
     "run_children",
@@ -53,6 +66,9 @@ __all__ = [
 
 #: The configuration every other is measured against, run in every round.
 BASELINE = "plain"
+
+#: The confidence of a paired verdict (:func:`compare`).
+CONFIDENCE = 0.95
 
 T = TypeVar("T")
 
@@ -146,7 +162,45 @@ def speedups(seconds: Sequence[Mapping[str, float]], baseline: str = BASELINE) -
     return {name: Spread.of(values) for name, values in per_config.items()}
 
 
-def compare(seconds_a: Sequence[float], seconds_b: Sequence[float]) -> tuple[str, Spread]:
+@dataclass(frozen=True)
+class Paired:
+    """One configuration's speed over another's, paired round by round: the rounds' ratios
+    (:attr:`spread`: median, min-max) and their geometric mean with its :data:`CONFIDENCE`
+    interval (``low``, ``high``; None with a single round, which cannot say how far a trial
+    strays)."""
+
+    spread: Spread
+    mean: float
+    low: float | None
+    high: float | None
+
+    def as_dict(self, digits: int = 3) -> dict[str, Any]:
+        """The rounds' spread (:meth:`Spread.as_dict`), ``mean`` and ``ci`` ([low, high] or
+        None), rounded, for JSON."""
+        ci = None if self.low is None or self.high is None else [self.low, self.high]
+        return {
+            **self.spread.as_dict(digits),
+            "mean": round(self.mean, digits),
+            "ci": None if ci is None else [round(x, digits) for x in ci],
+        }
+
+    def __str__(self) -> str:
+        return paired_text(self.as_dict())
+
+
+def paired_text(ratio: Mapping[str, Any]) -> str:
+    """A :meth:`Paired.as_dict` as the benchmarks print it: the mean, its interval, and the
+    rounds' median and range."""
+    if ratio["ci"] is None:
+        return f"{ratio['mean']:.3f}, one round"
+    low, high = ratio["ci"]
+    return (
+        f"{ratio['mean']:.3f}, {CONFIDENCE:.0%} CI {low:.3f}-{high:.3f}; rounds "
+        f"{ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]"
+    )
+
+
+def compare(seconds_a: Sequence[float], seconds_b: Sequence[float]) -> tuple[str, Paired]:
     """How configuration A's speed compares with B's, paired round by round.
 
     Args:
@@ -154,21 +208,33 @@ def compare(seconds_a: Sequence[float], seconds_b: Sequence[float]) -> tuple[str
         seconds_b: B's seconds for the same work in the same rounds.
 
     Returns:
-        ``("ahead" | "behind" | "tie", spread of A's speed over B's)``: ahead (behind) only
-        when A was faster (slower) in every round; otherwise the rounds disagree and the
-        difference is within their spread.
+        ``("ahead" | "behind" | "tie", A's speed over B's)``: ahead (behind) when the
+        confidence interval of the ratio's geometric mean over rounds lies above (below) 1;
+        otherwise the rounds do not resolve the difference (always so with one round).
 
     Raises:
-        ValueError: the two have different numbers of rounds, or none.
+        ValueError: the two have different numbers of rounds, or none, or a time that is not
+            positive.
     """
     if len(seconds_a) != len(seconds_b) or not seconds_a:
         raise ValueError(f"rounds differ: {len(seconds_a)} against {len(seconds_b)}")
-    ratio = Spread.of(b / a for a, b in zip(seconds_a, seconds_b, strict=True))
-    if ratio.low > 1.0:
-        return "ahead", ratio
-    if ratio.high < 1.0:
-        return "behind", ratio
-    return "tie", ratio
+    if any(not s > 0 for s in (*seconds_a, *seconds_b)):
+        raise ValueError(f"a time is not positive: {list(seconds_a)}, {list(seconds_b)}")
+    ratios = [b / a for a, b in zip(seconds_a, seconds_b, strict=True)]
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return "tie", Paired(Spread.of(ratios), math.exp(mean), None, None)
+    from scipy.stats import t
+
+    half = t.ppf(0.5 + CONFIDENCE / 2, len(logs) - 1) * statistics.stdev(logs) / len(logs) ** 0.5
+    paired = Paired(Spread.of(ratios), math.exp(mean), math.exp(mean - half), math.exp(mean + half))
+    assert paired.low is not None and paired.high is not None
+    if paired.low > 1.0:
+        return "ahead", paired
+    if paired.high < 1.0:
+        return "behind", paired
+    return "tie", paired
 
 
 @dataclass(frozen=True)
