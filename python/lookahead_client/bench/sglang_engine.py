@@ -18,7 +18,7 @@ For every workload each configuration generates every prompt alone (batch 1), ti
 prompt, then other prompts all at once (the full batch). The run is made of rounds
 (:mod:`.rounds`): every configuration once per round, each in a fresh process, in an order
 rotated each round; speed-ups are against ``plain`` in the same round (median [min-max]);
-lookahead is ahead of SGLang's corpus only when it is ahead in every round.
+lookahead is ahead of SGLang's corpus when the rounds' interval says so (:func:`.rounds.compare`).
 
 With ``--engines N`` (N >= 2) every configuration runs as N engines at once, each on its share
 of the cores, on traffic where one engine's text can help another (:mod:`.sharing`: the prompts

@@ -24,7 +24,8 @@ timed alone; the figures are given per kind of request (``WORKLOAD/new``, ``/sib
 The run is made of rounds (:mod:`.rounds`): each round runs every configuration once, each in
 a fresh process, in an order rotated by one each round; speed-ups are against ``plain`` in the
 same round, reported as the median and range over rounds, and a configuration is ahead of
-another only when it is ahead in every round (else: a tie). Reported per workload, half (A/B:
+another when the 95% interval of the rounds' paired ratios says so (else: a tie; see
+:func:`.rounds.compare`). Reported per workload, half (A/B:
 alternate prompt groups) and configuration: output tokens per second, the speed-up, whether
 every output equals plain decoding's, and what the configuration did per engine step (the
 share of request-steps that carried a draft, draft tokens per drafted step, accepted per
