@@ -228,11 +228,11 @@ def compare(seconds_a: Sequence[float], seconds_b: Sequence[float]) -> tuple[str
     from scipy.stats import t
 
     half = t.ppf(0.5 + CONFIDENCE / 2, len(logs) - 1) * statistics.stdev(logs) / len(logs) ** 0.5
-    paired = Paired(Spread.of(ratios), math.exp(mean), math.exp(mean - half), math.exp(mean + half))
-    assert paired.low is not None and paired.high is not None
-    if paired.low > 1.0:
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    paired = Paired(Spread.of(ratios), math.exp(mean), low, high)
+    if low > 1.0:
         return "ahead", paired
-    if paired.high < 1.0:
+    if high < 1.0:
         return "behind", paired
     return "tie", paired
 
