@@ -11,7 +11,7 @@ each drafter need to produce SmolLM2-135M's own greedy outputs?
    step verifies the root and the step's chain, keeps the longest correct prefix and one token
    of the model's.
 3. Each step is charged the engine's measured step time for the tokens it verifies
-   (``--step-ms``: one token, two tokens, each further token; run 11 of docs/vllm.md measured
+   (``--step-ms``: one token, two tokens, each further token; run 11 of docs/vllm-runs.md measured
    33.5, 35.5 and about 1.2-1.7 ms on this machine).
 
 Drafters, each from an empty state and fed the prompts in file order:

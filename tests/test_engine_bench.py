@@ -77,7 +77,7 @@ def test_compare_calls_a_difference_only_where_the_interval_of_the_rounds_resolv
     verdict, paired = compare([1.0, 2.0, 1.0], [1.1, 1.9, 1.05])  # one round disagrees
     assert verdict == "tie" and paired.low < 1.0 < paired.high
     assert paired.spread.low < 1.0 < paired.spread.high
-    # Ahead in each of 3 rounds by 2-6% (docs/vllm.md run 38, rag-qa): 3 rounds of trials
+    # Ahead in each of 3 rounds by 2-6% (docs/vllm-runs.md run 38, rag-qa): 3 rounds of trials
     # that stray by a few percent do not resolve it...
     verdict, paired = compare([1.0] * 3, [1.02, 1.03, 1.06])
     assert verdict == "tie" and paired.low < 1.0

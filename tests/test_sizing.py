@@ -139,7 +139,7 @@ def test_a_slow_step_where_the_fit_never_measured_is_news_not_an_outlier():
 def test_one_slow_step_at_a_rare_size_does_not_bend_an_engines_curve():
     """The engines' curve (StepCostFeed) needs several steps to change its slope at a knot
     or its draft overhead: one slow step at a size the core seldom drafts (2 tokens, among
-    many at 1, 6 and 9) does not make every size up to 6 cost as much as 6 (docs/vllm.md run
+    many at 1, 6 and 9) does not make every size up to 6 cost as much as 6 (docs/vllm-runs.md run
     23: the first draft token at 17 ms and four more free)."""
     from lookahead_client.engine.step_cost import StepCostFeed
 

@@ -17,7 +17,7 @@ plain in two runs). So an engine benchmark is run in *rounds*:
 
 Why an interval and not "ahead in every round": each engine process has a speed of its own.
 Two processes of the *same* configuration, alive at once and taking turns prompt by prompt,
-differed by 2-7% over the same twelve prompts (docs/vllm.md, run 41), as much as two run one
+differed by 2-7% over the same twelve prompts (docs/vllm-runs.md, run 41), as much as two run one
 after the other. So the noise is per trial, not the machine drifting between trials, and
 only more rounds (fresh processes) resolve a smaller difference: the interval narrows as
 they grow (trials that stray by 3% each: about +-5% at 5 rounds, +-3.5% at 8), while

@@ -416,7 +416,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
     # The engine in the trial's own process. vLLM's default on CPU puts its engine core and
     # its worker in two more processes that busy-poll each other for a second after every
     # message: on a small CPU the pollers take the cores the model and the drafter need, so
-    # every trial's time depended on the scheduler (docs/vllm.md runs 5-18: the load 4-6
+    # every trial's time depended on the scheduler (docs/vllm-runs.md runs 5-18: the load 4-6
     # with two engines on 2 cores, a configuration's rounds 0.5-2x apart). A GPU node gives
     # those pollers cores of their own.
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -280,7 +280,7 @@ def guard_for(config: LookaheadConfig, drafter: Drafter) -> DraftGuard:
     (``config.timeout``; its first call, which connects, has ``connect_timeout``), after which
     it answers with empty trees. Handing a step to a thread and waiting for it costs a thread
     switch and a GIL hand-over every step: more than the embedded core's whole step, and
-    a remote step took 2.2 ms with it against 1.3 ms inline in vLLM (docs/vllm.md, run 9).
+    a remote step took 2.2 ms with it against 1.3 ms inline in vLLM (docs/vllm-runs.md, run 9).
     Any other drafter is called on the guard's thread with the deadline ``config.timeout``.
     """
     describe = f"lookahead {config.describe()}"

@@ -33,7 +33,7 @@ _REFRESH_EVERY = 32
 _EXPLORE_EVERY = 32
 # A change of the curve's slope at a knot needs the evidence of about this many steps
 # (CostModel's smoothing): the core's own choices leave some sizes with a step or two, and
-# one slow step there (a 94 ms step among steps of 70 ms, docs/vllm.md run 23) bent the
+# one slow step there (a 94 ms step among steps of 70 ms, docs/vllm-runs.md run 23) bent the
 # curve, made short chains look as dear as long ones, and kept the core from measuring them.
 _SMOOTHING = 4.0
 
