@@ -15,12 +15,13 @@ plain in two runs). So an engine benchmark is run in *rounds*:
   mean over rounds (a t-interval of the rounds' log ratios) lies above (below) 1; a difference
   the interval does not resolve is a *tie*.
 
-Why an interval and not "ahead in every round": each engine process has a speed of its own.
-Two processes of the *same* configuration, alive at once and taking turns prompt by prompt,
-differed by 2-7% over the same twelve prompts (docs/vllm-runs.md, run 41), as much as two run one
-after the other. So the noise is per trial, not the machine drifting between trials, and
-only more rounds (fresh processes) resolve a smaller difference: the interval narrows as
-they grow (trials that stray by 3% each: about +-5% at 5 rounds, +-3.5% at 8), while
+Why an interval and not "ahead in every round": the machine's pace moves by several percent
+from one second to the next. Two processes of the *same* configuration, alive at once and
+taking turns prompt by prompt, differed by 2-7% over the same twelve prompts, as much as two
+run one after the other, and one process's passes over those prompts differed by +-5%
+(docs/vllm-runs.md, run 41). So pairing trials closer in time does not help, and only more
+measured time (more rounds) resolves a smaller difference: the interval narrows as the
+rounds grow (trials that stray by 3% each: about +-5% at 5 rounds, +-3.5% at 8), while
 "ahead in every round" grows harder to meet with every round, and at 3 rounds calls a
 configuration with no real difference ahead or behind one time in four.
 
