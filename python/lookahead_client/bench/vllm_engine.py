@@ -121,9 +121,10 @@ _LOOKAHEAD_COUNTERS = (
     "cross_replica_accepted",
 )
 # For the up-front guess of a trial's cost: engine start-up and tear-down, and plain's output
-# tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch.
-_GUESS_STARTUP_S = 60.0
-_GUESS_TOK_S = (20.0, 60.0)
+# tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch (run 42: trials of 1,536
+# greedy tokens took 36-45 s, where the earlier guess of 60 s, 20 and 60 tokens/s said 111).
+_GUESS_STARTUP_S = 15.0
+_GUESS_TOK_S = (40.0, 90.0)
 
 
 def speculative_config(name: str, k: int) -> dict[str, Any] | None:
