@@ -81,15 +81,23 @@ def test_samples_of_one_prompt_in_two_engines_draft_from_each_other(
     that runs behind drafts what the other has written while both are running."""
     rng = random.Random(5)
     prompt = [rng.randrange(1000, 2000) for _ in range(50)]
-    output = [rng.randrange(2000, 3000) for _ in range(300)]
+    output = [rng.randrange(2000, 3000) for _ in range(1000)]
     a, b = member(nats.url, "a"), member(nats.url, "b")
     a.step([StepRequest("s1", prompt=prompt, budget=0)])
     for i in range(0, 200, 10):
         a.step([StepRequest("s1", new_tokens=output[i : i + 10], budget=0)])
     b.step([StepRequest("s2", prompt=prompt, budget=0)])
-    time.sleep(0.3)  # b's request for the group's history reaches a
-    a.step([StepRequest("s1", new_tokens=output[200:220], budget=0)])  # a's next step answers
-    wait_for(lambda: b.stats()["cluster_group_applied_tokens"] >= 200, 10, "b to get a's sample")
+    # a goes on decoding, a token a poll, as an engine steps: its first step after b's request
+    # for the group's history has come through NATS answers it (however long that takes on a
+    # loaded machine; a fixed wait before one step was not always enough)
+    fed = [200]
+
+    def b_has_a_sample() -> bool:
+        a.step([StepRequest("s1", new_tokens=output[fed[0] : fed[0] + 1], budget=0)])
+        fed[0] += 1
+        return b.stats()["cluster_group_applied_tokens"] >= 200
+
+    wait_for(b_has_a_sample, 10, "b to get a's sample")
     tree = b.step([StepRequest("s2", new_tokens=output[:120], budget=16)])[0]
     assert greedy_accept(tree, output[120:]) >= 8, "b drafts its sibling's text"
     for d, rid in ((a, "s1"), (b, "s2")):
