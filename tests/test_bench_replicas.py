@@ -1,5 +1,6 @@
 """``lookahead-bench replicas`` without engines: its traffic (two passes; rollouts' samples
-spread over the replicas, each sample elsewhere the second time), its table, its refusals."""
+spread over the replicas or kept together on one, each sample elsewhere the second time), its
+table, its refusals."""
 
 from __future__ import annotations
 
@@ -43,6 +44,34 @@ def test_rollouts_spread_each_prompts_samples_and_repeat_each_on_another_replica
     assert all(s > last_first for s, _, r in requests if r["kind"] == "repeat")
 
 
+@pytest.mark.parametrize(("prompts", "n", "engines"), [(2, 4, 2), (3, 1, 2), (4, 2, 3)])
+def test_rollouts_together_keep_each_prompts_samples_on_one_replica_and_move_it(
+    prompts, n, engines
+):
+    chosen = [_prompt(f"p{i}", 0, "AB"[i % 2]) for i in range(prompts)]
+    plan = plan_samples(chosen, n, engines, temperature=1.0, together=True)
+    requests = _requests(plan)
+    assert len(requests) == 2 * prompts * n
+    where = {}
+    for prompt in chosen:
+        for kind in ("first", "repeat"):
+            samples = [
+                (s, e) for s, e, r in requests if r["id"] == prompt["id"] and r["kind"] == kind
+            ]
+            assert len(samples) == n and len(set(samples)) == 1  # one slot, one replica
+            where[prompt["id"], kind] = samples[0]
+        # the repeat brings the prompt to a replica that has not generated it
+        assert where[prompt["id"], "first"][1] != where[prompt["id"], "repeat"][1]
+    # a slot holds a prompt per replica, each replica its own prompt
+    for slot in plan:
+        ids = [{r["id"] for r in rs} for rs in slot]
+        assert all(len(i) <= 1 for i in ids)
+        assert len(set().union(*ids)) == sum(map(len, ids))
+    assert len(plan) == 2 * -(-prompts // engines)
+    seeds = sorted(r["seed"] for _, _, r in requests if r["id"] == "p0-0")
+    assert seeds == list(range(2 * n)), "every sample its own seed"
+
+
 def test_rollouts_refuse_one_engine_one_sample_or_a_negative_temperature():
     prompts = [_prompt("p", 0, "A")]
     for n, engines, temperature in ((4, 1, 1.0), (1, 2, 1.0), (4, 2, -0.5)):
@@ -80,6 +109,12 @@ def test_plan_replicas_samples_the_named_workloads_and_needs_groups_elsewhere():
     assert all(r["temperature"] == 1.0 for _, _, r in math)
     with pytest.raises(InvalidArgumentError, match="--n lonely=N"):
         plan_replicas({"lonely": [_prompt("x", 0, "A")]}, {}, 1, 2, 1.0)
+    # one sample cannot be spread over two replicas; together it can
+    with pytest.raises(InvalidArgumentError, match="workload math: rollouts need") as e:
+        plan_replicas({"math": rollouts}, {"math": 1}, 1, 2, 1.0)
+    assert e.value.field == "n"
+    alone = plan_replicas({"math": rollouts}, {"math": 1}, 1, 2, 1.0, together=True)
+    assert len(_requests(alone["math"])) == 2 * 2
 
 
 def _entry(speedup, identical, cross=None):

@@ -6,8 +6,10 @@ does (:mod:`.sharing`). Every workload runs two passes: ``first`` (every prompt 
 ``repeat`` (the same prompts again, each request on another replica than the first time).
 Greedy workloads send the two prompts of each workload group (one document or source file)
 to different replicas; rollout workloads (``--n STEM=N``) send each prompt's N samples as N
-requests with the same prompt, spread over the replicas, at ``--temperature`` (0: greedy
-rollouts, whose outputs are checked against plain's like every greedy workload's).
+requests with the same prompt at ``--temperature`` (0: greedy rollouts, whose outputs are
+checked against plain's like every greedy workload's), spread over the replicas as a load
+balancer deals them or, with ``--dispatch together``, all on one replica, a prompt per
+replica, as an RL framework that splits its batch into contiguous chunks sends them.
 
 The configurations, side by side in rounds (:mod:`.rounds`, the method of ``lookahead-bench
 vllm``): ``plain``; ``suffix`` (vLLM's suffix decoding, per replica); ``lookahead-private``
@@ -53,7 +55,7 @@ from .rounds import schedule
 from .sharing import PASSES, EngineRun, Plan, as_passes, plan_groups, plan_samples
 from .vllm_engine import CLUSTER, MEMBERS, run_engines, sample_counts
 
-__all__ = ["CONFIGS", "add_replicas_parser", "replicas_table", "run_replicas"]
+__all__ = ["CONFIGS", "DISPATCH", "add_replicas_parser", "replicas_table", "run_replicas"]
 
 #: This benchmark's configurations, by the names of ``lookahead-bench vllm``.
 CONFIGS: dict[str, str] = {
@@ -64,6 +66,8 @@ CONFIGS: dict[str, str] = {
     "lookahead-cluster": CLUSTER,
     "lookahead-members": MEMBERS,
 }
+#: How rollouts' samples are dealt (``--dispatch``), see :func:`.sharing.plan_samples`.
+DISPATCH = ("spread", "together")
 #: The configurations whose drafter counts what other replicas' text gave.
 _COUNTING = ("lookahead-private", "lookahead-shared", "lookahead-cluster", "lookahead-members")
 
@@ -83,7 +87,14 @@ def add_replicas_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="STEM=N",
-        help="a rollout workload: N samples per prompt, spread over the replicas (repeatable)",
+        help="a rollout workload: N samples per prompt (repeatable)",
+    )
+    rp.add_argument(
+        "--dispatch",
+        choices=DISPATCH,
+        default="spread",
+        help="rollouts: a prompt's samples spread over the replicas (default), or together "
+        "on one replica, a prompt per replica",
     )
     rp.add_argument(
         "--prompts-per-half",
@@ -117,14 +128,17 @@ def plan_replicas(
     per_half: int,
     replicas: int,
     temperature: float,
+    *,
+    together: bool = False,
 ) -> dict[str, Plan]:
     """Per workload, its two passes (``first``, ``repeat``) as a plan of :mod:`.sharing`:
     rollouts (a stem in ``samples``) by :func:`.sharing.plan_samples` over ``per_half``
-    distinct prompts of each half, the others by :func:`.sharing.plan_groups` over
-    ``per_half`` groups of each half.
+    distinct prompts of each half (``together``: each prompt's samples on one replica), the
+    others by :func:`.sharing.plan_groups` over ``per_half`` groups of each half.
 
     Raises:
-        InvalidArgumentError: a workload without what its plan needs (naming it).
+        InvalidArgumentError: a workload without what its plan needs, or a sample count its
+            plan refuses (naming it).
     """
     traffic: dict[str, Plan] = {}
     for stem, prompts in prompts_by_stem.items():
@@ -136,7 +150,12 @@ def plan_replicas(
             chosen = [p for i in range(per_half) for h in "AB" for p in halves[h][i : i + 1]]
             if not chosen:
                 raise InvalidArgumentError(f"workload {stem} has no prompt", field="workload")
-            traffic[stem] = plan_samples(chosen, samples[stem], replicas, temperature)
+            try:
+                traffic[stem] = plan_samples(
+                    chosen, samples[stem], replicas, temperature, together=together
+                )
+            except ValueError as e:  # too few samples to spread
+                raise InvalidArgumentError(f"workload {stem}: {e}", field="n") from e
         else:
             why = f": a greedy workload needs groups (or give it --n {stem}=N to sample it)"
             traffic[stem] = as_passes(plan_groups(stem, prompts, per_half, replicas, why))
@@ -180,6 +199,10 @@ def run_replicas(args: argparse.Namespace) -> int:
             f"--prompts-per-half: at least 1, got {args.prompts_per_half}",
             field="prompts_per_half",
         )
+    if not args.temperature >= 0:
+        raise InvalidArgumentError(
+            f"--temperature: at least 0, got {args.temperature}", field="temperature"
+        )
     samples = sample_counts(args.n)
     engine_configs = [CONFIGS[c] for c in configs]
     check_server_binary(engine_configs)
@@ -190,7 +213,12 @@ def run_replicas(args: argparse.Namespace) -> int:
     if missing:
         raise InvalidArgumentError(f"--n names no workload: {missing[0]}", field="n")
     traffic = plan_replicas(
-        prompts, samples, args.prompts_per_half, args.replicas, args.temperature
+        prompts,
+        samples,
+        args.prompts_per_half,
+        args.replicas,
+        args.temperature,
+        together=args.dispatch == "together",
     )
     run = EngineRun.of(traffic, args.replicas, args.max_new_tokens)
     # run_engines reads lookahead-bench vllm's option names

@@ -14,10 +14,12 @@ document or source file, other questions or edits), every prompt sent twice:
   private drafter has never seen its output; a shared one has).
 
 Rollouts (:func:`plan_samples`) are sampled instead: each prompt's n samples go out as n
-requests with the same prompt, dealt over the engines as an RL framework does, then every
-prompt again with new samples, each on another engine than the first time. ``lookahead-bench
-replicas`` names the two passes of both plans ``first`` and ``repeat``
-(:func:`as_passes`).
+requests with the same prompt, then every prompt again with new samples, each on another
+engine than the first time. The samples of a prompt are either spread over the engines (a
+load balancer dealing requests) or kept together on one engine, a prompt per engine (an RL
+framework splitting its batch, each prompt repeated n times in a row, into contiguous chunks,
+one per replica, as verl's synchronous rollout does). ``lookahead-bench replicas`` names the
+two passes of both plans ``first`` and ``repeat`` (:func:`as_passes`).
 
 The engines run in *slots*: in a slot every engine generates its requests one at a time, at
 batch 1, and no engine starts the next slot before all have finished this one (a file
@@ -121,29 +123,48 @@ def plan_traffic(groups: Sequence[Sequence[dict[str, Any]]], engines: int) -> Pl
 
 
 def plan_samples(
-    prompts: Sequence[dict[str, Any]], n: int, engines: int, temperature: float
+    prompts: Sequence[dict[str, Any]],
+    n: int,
+    engines: int,
+    temperature: float,
+    *,
+    together: bool = False,
 ) -> Plan:
-    """Rollouts: ``plan[slot][engine]`` with one prompt per slot, its ``n`` samples as ``n``
-    requests with the same prompt dealt round robin over the engines (``first``); then every
-    prompt again, ``n`` new samples, each on the engine after the one that took it the first
-    time (``repeat``). Each request carries its ``temperature`` and a ``seed`` of its own; at
-    temperature 0 (greedy rollouts, an evaluation harness sending a prompt ``n`` times) the
-    ``n`` requests are the same generation.
+    """Rollouts: ``plan[slot][engine]``, every prompt's ``n`` samples as ``n`` requests with
+    the same prompt (``first``); then every prompt again, ``n`` new samples, each on the
+    engine after the one that took it the first time (``repeat``). Each request carries its
+    ``temperature`` and a ``seed`` of its own; at temperature 0 (greedy rollouts, an
+    evaluation harness sending a prompt ``n`` times) the ``n`` requests are the same
+    generation.
+
+    Spread (the default): one prompt per slot, its samples dealt round robin over the
+    engines. ``together``: ``engines`` prompts per slot, each prompt's samples all on one
+    engine, a prompt per engine (so the repeat brings every prompt to an engine that has not
+    generated it).
 
     Raises:
-        ValueError: fewer than 2 engines or 2 samples, or a negative temperature.
+        ValueError: fewer than 2 engines, fewer than 2 samples when spread (1 together), or
+            a negative temperature.
     """
-    if engines < 2 or n < 2:
-        raise ValueError(f"rollouts need 2 engines and 2 samples, got {engines} and {n}")
+    least = 1 if together else 2  # samples: spread needs one for each of two engines
+    if engines < 2 or n < least:
+        raise ValueError(f"rollouts need 2 engines and {least} samples, got {engines} and {n}")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    chunks = (
+        [prompts[i : i + engines] for i in range(0, len(prompts), engines)]
+        if together
+        else [[p] for p in prompts]
+    )
     plan: Plan = []
     for shift, kind in enumerate(PASSES):
-        for prompt in prompts:
+        for chunk in chunks:
             slot: list[list[dict[str, Any]]] = [[] for _ in range(engines)]
-            for i in range(n):
-                sample = {"kind": kind, "temperature": temperature, "seed": shift * n + i}
-                slot[(i + shift) % engines].append({**prompt, **sample})
+            for j, prompt in enumerate(chunk):
+                for i in range(n):
+                    sample = {"kind": kind, "temperature": temperature, "seed": shift * n + i}
+                    engine = j if together else i
+                    slot[(engine + shift) % engines].append({**prompt, **sample})
             plan.append(slot)
     return plan
 
