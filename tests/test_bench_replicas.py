@@ -77,6 +77,10 @@ def test_rollouts_refuse_one_engine_one_sample_or_a_negative_temperature():
     for n, engines, temperature in ((4, 1, 1.0), (1, 2, 1.0), (4, 2, -0.5)):
         with pytest.raises(ValueError):
             plan_samples(prompts, n, engines, temperature)
+    # together, one sample is a plan; none, or one engine, is not
+    for n, engines in ((0, 2), (4, 1)):
+        with pytest.raises(ValueError):
+            plan_samples(prompts, n, engines, 1.0, together=True)
 
 
 def test_greedy_rollouts_are_the_same_generation_on_every_replica():
