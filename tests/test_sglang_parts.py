@@ -460,7 +460,6 @@ def test_guard_deadline_and_late_answer():
         ("quiet_every", 0),
         ("quiet_every", True),
         ("quiet_every", 2.0),
-        ("closed_batch", "yes"),
     ],
 )
 def test_config_names_the_bad_field(field, value):
@@ -488,14 +487,6 @@ def test_config_round_trips_through_the_environment():
     with pytest.raises(InvalidArgumentError) as e:
         LookaheadConfig.from_env(ENV_VAR, {ENV_VAR: '{"targte": "x"}'})
     assert e.value.field == "targte"
-
-
-def test_sglang_refuses_closed_batches_before_any_scheduler_starts():
-    from lookahead_client.sglang.activate import scheduler_process_func
-
-    with pytest.raises(InvalidArgumentError) as e:
-        scheduler_process_func(LookaheadConfig(closed_batch=True))
-    assert e.value.field == "closed_batch"
 
 
 def test_plugin_stops_the_process_on_a_bad_config(monkeypatch):

@@ -113,13 +113,12 @@ class Runner:
         return self.proposer.propose(sampled, counts, table)
 
 
-def make(recorder: Recorder, sizing: bool = False, closed_batch: bool = False) -> LookaheadProposer:
+def make(recorder: Recorder, sizing: bool = False) -> LookaheadProposer:
     vllm_config = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
         model_config=SimpleNamespace(max_model_len=MAX_LEN, get_vocab_size=lambda: 1000),
     )
-    config = LookaheadConfig(sizing=sizing, closed_batch=closed_batch)
-    proposer = LookaheadProposer(vllm_config, config)
+    proposer = LookaheadProposer(vllm_config, LookaheadConfig(sizing=sizing))
     proposer.guard.drafter = recorder
     proposer.guard.deadline = None  # inline, so that the test is deterministic
     return proposer
@@ -176,35 +175,6 @@ def test_requests_ask_for_chains_at_their_temperature() -> None:
     assert asked["greedy"].temperature == 0.0 and asked["hot"].temperature == pytest.approx(0.8)
     assert {r.shape for r in rec.asked} == {DraftShape.SIZED_CHAIN}
     assert all(r.budget == K for r in rec.asked)
-
-
-@pytest.mark.parametrize("closed_batch", [False, True])
-def test_a_closed_batch_drafts_only_the_rows_furthest_behind(closed_batch: bool) -> None:
-    rec = Recorder()
-    runner = Runner(make(rec, closed_batch=closed_batch))
-    for rid, prompt in (("a", [1, 2, 3]), ("b", [4, 5]), ("c", [6])):
-        runner.add(rid, prompt)
-    # level: every row drafted (prompt lengths do not count, generated tokens do)
-    assert runner.step({"a": [10], "b": [20], "c": [30]}) == [[7, 8, 9]] * 3
-    rec.asked.clear()
-    # a accepted two draft tokens: it is ahead of b and c
-    drafts = runner.step({"a": [7, 8, 11], "b": [21], "c": [31]})
-    budgets = {r.request_id.split(":")[1]: r.budget for r in rec.asked}
-    if closed_batch:
-        assert drafts == [[], [7, 8, 9], [7, 8, 9]]
-        assert budgets == {"a": 0, "b": K, "c": K}, "the drafter is asked no draft for a"
-    else:
-        assert drafts == [[7, 8, 9]] * 3 and set(budgets.values()) == {K}
-    runner.step({"a": [12], "b": [22], "c": [32]})
-    runner.rows = []
-    runner.step({}, finished={"a", "b", "c"})
-    # a held-back row still feeds the drafter every token; having no draft, it has no outcome
-    assert rec.by_request() == {rid: runner.tokens[rid] for rid in ("a", "b", "c")}
-    assert runner.proposer.drafting.stats()["held_rows"] == (2 if closed_batch else 0)
-    book = runner.proposer.book
-    assert book.accepted_drafts == 2
-    # each chain expects 0.9 + 0.8 + 0.7 tokens; three outcomes read, then two or three
-    assert book.expected_drafts == pytest.approx(2.4 * (5 if closed_batch else 6))
 
 
 def embedded(sizing: bool) -> LookaheadProposer:

@@ -83,9 +83,6 @@ CONFIGS = ("plain", "null", "ngram:5", "ngram:8", "suffix", "lookahead", "lookah
 #: Also accepted: lookahead embedded proposing every chain whole (``sizing`` off), against its
 #: default lengths sized by the core against the engine's measured cost.
 WHOLE_CHAINS = "lookahead-whole"
-#: Also accepted: lookahead embedded for closed batches (``closed_batch``: drafts only for the
-#: rows furthest behind), as an RL framework sets it for its rollouts.
-CLOSED_BATCH = "lookahead-closed"
 #: Also accepted with ``--engines N``: a sidecar ``lookahead-server`` per engine, the sidecars
 #: joined as a cluster through NATS JetStream (every engine drafts from all engines' text).
 CLUSTER = "lookahead-cluster"
@@ -113,7 +110,6 @@ _LOOKAHEAD_COUNTERS = (
     "expected_drafts",
     "weighted_expected_drafts",
     "sized_away",
-    "held_rows",
     "fallback_steps",
     "skipped_steps",
     "quiet_steps",
@@ -153,11 +149,11 @@ def speculative_config(name: str, k: int) -> dict[str, Any] | None:
         }
     if name == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS, CLOSED_BATCH, CLUSTER, MEMBERS):
+    if name in ("lookahead", "lookahead-server", WHOLE_CHAINS, CLUSTER, MEMBERS):
         return {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": k}
     raise InvalidArgumentError(
         f"unknown configuration {name!r}; known: "
-        + ", ".join(CONFIGS + (WHOLE_CHAINS, CLOSED_BATCH, CLUSTER, MEMBERS)),
+        + ", ".join(CONFIGS + (WHOLE_CHAINS, CLUSTER, MEMBERS)),
         field="configs",
     )
 
@@ -368,9 +364,7 @@ def add_vllm_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(
-        vp,
-        CONFIGS,
-        f"; also: {WHOLE_CHAINS}, {CLOSED_BATCH}, {CLUSTER} and {MEMBERS} (with --engines)",
+        vp, CONFIGS, f"; also: {WHOLE_CHAINS}, {CLUSTER} and {MEMBERS} (with --engines)"
     )
     vp.add_argument(
         "--n",
@@ -433,8 +427,6 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if name == WHOLE_CHAINS:
         env["LOOKAHEAD_VLLM"] = json.dumps({"sizing": False})
-    elif name == CLOSED_BATCH:
-        env["LOOKAHEAD_VLLM"] = json.dumps({"closed_batch": True})
     results = run_trial_processes(
         "lookahead_client.bench.vllm_engine",
         trial,
@@ -581,14 +573,10 @@ def _report(
         done,
         per_step=per_step_figures,
         engine_drafters=_VLLM_DRAFTERS,
-        # Several engines: one server for all, or a cluster, against a drafter per engine;
-        # the closed-batch setting against the default.
-        pairs=((CLOSED_BATCH, "lookahead"),)
-        + (
-            (("lookahead-server", "lookahead"), (CLUSTER, "lookahead"), (MEMBERS, "lookahead"))
-            if args.engines > 1
-            else ()
-        ),
+        # Several engines: one server for all, or a cluster, against a drafter per engine.
+        pairs=(("lookahead-server", "lookahead"), (CLUSTER, "lookahead"), (MEMBERS, "lookahead"))
+        if args.engines > 1
+        else (),
         describe=describe,
         columns=_COLUMNS,
         args=vars(args),

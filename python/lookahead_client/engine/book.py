@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -273,9 +273,8 @@ class RequestBook:
 
     # -- planning ---------------------------------------------------------------------------
 
-    def plan(self, views: Sequence[RequestView], hold: Collection[str] = ()) -> StepPlan:
-        """The drafter requests for one step over ``views`` (one per request of the batch);
-        the requests in ``hold`` send their tokens but ask for no draft."""
+    def plan(self, views: Sequence[RequestView]) -> StepPlan:
+        """The drafter requests for one step over ``views`` (one per request of the batch)."""
         plan = StepPlan(step=next(self._steps), views=list(views))
         self._gone.clear()
         plan.requests = [StepRequest(i, budget=0, finished=True) for i in self._owed_ends]
@@ -293,14 +292,13 @@ class RequestBook:
                 plan.live.append(-1)  # a tail that cannot start it, or misses tokens: next step
                 continue
             plan.live.append(len(plan.requests))
-            budget = 0 if view.rid in hold else self.budget
             if t is None:
                 plan.starts.add(i)
                 plan.requests.append(
                     StepRequest(
                         self._new_id(view.rid),
                         new_tokens=view.generated(),
-                        budget=budget,
+                        budget=self.budget,
                         prompt=_ints(view.prompt),
                         shape=self.shape,
                         temperature=view.temperature,
@@ -328,7 +326,7 @@ class RequestBook:
                 StepRequest(
                     t.drafter_id,
                     new_tokens=new,
-                    budget=budget,
+                    budget=self.budget,
                     accepted_last=accepted,
                     shape=self.shape,
                     temperature=view.temperature,

@@ -74,15 +74,6 @@ class LookaheadConfig:
             client, whose round trip costs milliseconds on a busy host, else 1 (the embedded
             drafter's step costs a fraction of a millisecond); see
             ``engine.guard.quiet_every_for``.
-        closed_batch: vLLM: the engine runs closed batches, as RL rollouts do (every request
-            of a batch sent at once, the batch done when its last request is, nothing
-            waiting for a row that frees up): only the rows that have generated the fewest
-            tokens of the step's batch get drafts. There a draft token accepted in a row
-            ahead of the slowest saves only that row's share of a step, while every draft
-            token costs its share of the step's time. False (the default, serving): a row
-            that finishes early is taken by a waiting request, so an accepted token is worth
-            a step's time per token in every row. SGLang refuses it: it verifies every
-            row's tree in the same slots, so holding some rows' drafts back saves nothing.
     """
 
     target: str | None = None
@@ -98,7 +89,6 @@ class LookaheadConfig:
     token: str | None = field(default=None, repr=False)
     replica: str | None = None
     quiet_every: int | None = None
-    closed_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.target is not None and not self.target.strip():
@@ -121,11 +111,6 @@ class LookaheadConfig:
         ):
             raise InvalidArgumentError(
                 f"quiet_every must be an int >= 1 or None, got {quiet!r}", field="quiet_every"
-            )
-        if not isinstance(self.closed_batch, bool):
-            raise InvalidArgumentError(
-                f"closed_batch must be true or false, got {self.closed_batch!r}",
-                field="closed_batch",
             )
         # The embedded drafter's settings are checked by the core itself (one home of the
         # ranges): a config the scheduler processes would refuse fails here, at launch.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,23 +110,17 @@ class DraftSession:
             return False
         return True
 
-    def draft(
-        self,
-        views: Sequence[RequestView],
-        cost: EngineCost | None = None,
-        hold: Collection[str] = (),
-    ) -> Drafts | None:
+    def draft(self, views: Sequence[RequestView], cost: EngineCost | None = None) -> Drafts | None:
         """The drafter's trees for ``views`` (after :meth:`begin` returned True), or None when
         the step has none to use. A ``cost`` goes to the drafter with the measured acceptance
-        of the scores of these requests (:meth:`RequestBook.acceptance_of`); the requests in
-        ``hold`` feed the drafter their tokens and get no tree."""
+        of the scores of these requests (:meth:`RequestBook.acceptance_of`)."""
         if self._skips(views, cost):
             self._quiet_run += 1
             self.quiet_steps += 1
             self.book.pass_step()
             return None
         self._quiet_run = 0
-        plan = self.book.plan(views, hold)
+        plan = self.book.plan(views)
         if not plan.requests:
             return None
         if cost is not None:

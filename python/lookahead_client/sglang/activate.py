@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lookahead_client.engine.config import LookaheadConfig
-from lookahead_client.errors import InvalidArgumentError
 
 __all__ = ["install", "installed_config", "run_scheduler_process", "scheduler_process_func"]
 
@@ -58,16 +57,6 @@ def _create_worker(original: Callable[..., type], algorithm: Any, server_args: A
     return LookaheadNGRAMWorker.with_config(config)
 
 
-def _check(config: LookaheadConfig) -> None:
-    """Refuses what SGLang cannot do with a config (before any scheduler starts)."""
-    if config.closed_batch:
-        raise InvalidArgumentError(
-            "closed_batch is vLLM's: SGLang verifies every row's tree in the same slots, so "
-            "holding some rows' drafts back saves nothing",
-            field="closed_batch",
-        )
-
-
 def install(config: LookaheadConfig, *, apply: bool = True) -> None:
     """Makes this process's NGRAM worker draft with lookahead as ``config`` says.
 
@@ -77,14 +66,9 @@ def install(config: LookaheadConfig, *, apply: bool = True) -> None:
         config: where drafts come from.
         apply: apply SGLang's registered hooks now. Pass False from a plugin function:
             SGLang's ``load_plugins()`` applies them after every plugin has registered.
-
-    Raises:
-        InvalidArgumentError: a setting SGLang cannot honour (``closed_batch``).
     """
     global _active, _registered
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    _check(config)
 
     _active = config
     if not _registered:
@@ -128,10 +112,5 @@ def scheduler_process_func(
     config: LookaheadConfig, inner: Callable[..., Any] | None = None
 ) -> Callable[..., Any]:
     """The ``run_scheduler_process_func`` to hand SGLang: picklable, so spawned schedulers
-    receive it (and ``config``) by reference to this module.
-
-    Raises:
-        InvalidArgumentError: a setting SGLang cannot honour (``closed_batch``).
-    """
-    _check(config)
+    receive it (and ``config``) by reference to this module."""
     return functools.partial(run_scheduler_process, config, inner)

@@ -44,8 +44,6 @@ class Row:
             just sampled.
         temperature: its sampling temperature (0: greedy).
         room: the most draft tokens that fit before the model's length limit.
-        generated: the tokens it has generated (a closed batch drafts the rows furthest
-            behind, see :attr:`LookaheadConfig.closed_batch`).
         start: 0, or a tail's first position (at most :meth:`ChainDrafting.needs_from`).
     """
 
@@ -55,7 +53,6 @@ class Row:
     output: Sequence[int] | np.ndarray
     temperature: float
     room: int
-    generated: int
     start: int = 0
 
 
@@ -101,8 +98,6 @@ class ChainDrafting:
         self.prefill_steps = 0
         self.drafted_requests = 0
         self.draft_tokens = 0
-        #: Rows of closed batches that got no draft because others were further behind.
-        self.held_rows = 0
 
     @property
     def guard(self) -> DraftGuard:
@@ -172,11 +167,9 @@ class ChainDrafting:
         :meth:`begin` returned True."""
         views = [RequestView(r.rid, r.prompt, r.output, (), r.temperature, r.start) for r in rows]
         cost = None if self.cost is None else self.cost.curve(len(views))
-        hold = _ahead_of_slowest(rows) if self.config.closed_batch else frozenset()
-        drafts = self.session.draft(views, cost, hold)
+        drafts = self.session.draft(views, cost)
         if drafts is None:
             return []
-        self.held_rows += len(hold)
         batch = drafts.batch
         # the columns as lists once: a step reads a few nodes of each row
         roots, starts, sizes = batch.roots.tolist(), batch.offsets.tolist(), batch.sizes.tolist()
@@ -184,7 +177,7 @@ class ChainDrafting:
         chains = []
         for j, row in enumerate(rows):
             index = drafts.tree_of(j)
-            if index < 0 or row.rid in hold:
+            if index < 0:
                 self.session.fed(drafts, j, -1)
                 continue
             a = starts[index]
@@ -228,7 +221,6 @@ class ChainDrafting:
             "drafted_requests": self.drafted_requests,
             "draft_tokens": self.draft_tokens,
             "prefill_steps": self.prefill_steps,
-            "held_rows": self.held_rows,
         }
         out.update(self.session.stats())
         drafter = self.guard.drafter
@@ -238,13 +230,3 @@ class ChainDrafting:
         elif self.cost is not None:  # in-process: no call
             out["sized_away"] = self.session.drafter_stats().get("sized_away")
         return out
-
-
-def _ahead_of_slowest(rows: Sequence[Row]) -> frozenset[str]:
-    """The requests of a closed batch that have generated more tokens than its slowest: the
-    batch waits for the slowest, so a draft accepted in any other row saves only that row's
-    share of a step."""
-    if not rows:
-        return frozenset()
-    slowest = min(r.generated for r in rows)
-    return frozenset(r.rid for r in rows if r.generated > slowest)

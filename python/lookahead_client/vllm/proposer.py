@@ -256,9 +256,7 @@ class LookaheadProposer:
             if temperatures[i] > 0 and not self._sampled_rows_ok:
                 continue  # vLLM would verify it wrong (see .cpu_sampling)
             p = int(prompt_lens[i])
-            views.append(
-                Row(i, req_ids[i], table[i, :p], table[i, p:n], temperatures[i], room, n - p)
-            )
+            views.append(Row(i, req_ids[i], table[i, :p], table[i, p:n], temperatures[i], room))
         for chain in self.drafting.step(views):
             out[chain.row] = chain.tokens
         return out

@@ -67,11 +67,10 @@ class LookaheadSpeculator(BaseSpeculator):
             (max_reqs, self.k), dtype=torch.float32, device=device
         )
         self.config = config_of(spec.speculator_options)
-        if not self.enable_adaptive_verification:
+        if self.config.sizing and not self.enable_adaptive_verification:
             # Without adaptive verification vLLM 0.34 verifies K slots of every row whatever
-            # the chain's length: a cut chain, or a row held back, saves nothing, so every
-            # slot gets a draft token.
-            self.config = dataclasses.replace(self.config, sizing=False, closed_batch=False)
+            # the chain's length: a cut chain saves nothing, so every slot gets a draft token.
+            self.config = dataclasses.replace(self.config, sizing=False)
         self._vocab_size = int(vllm_config.model_config.get_vocab_size())
         self._group = tensor_parallel_group()
         self.rank = tensor_parallel_rank(self._group)
@@ -237,9 +236,7 @@ class LookaheadSpeculator(BaseSpeculator):
                 continue  # no longer drafted
             m = min(w, n - 1)  # a tail starts at 1 or later: it never looks like a whole
             if needs >= n - m:
-                rows.append(
-                    Row(b, req_ids[b], (), tails[b, w - m :], float(temps[b]), room, n - p, n - m)
-                )
+                rows.append(Row(b, req_ids[b], (), tails[b, w - m :], float(temps[b]), room, n - m))
             else:
                 whole.append((b, n, p, float(temps[b]), room))
         if whole:
@@ -248,7 +245,7 @@ class LookaheadSpeculator(BaseSpeculator):
             longest = max(n for _, n, *_ in whole)
             table = states.all_token_ids.gpu[slots[index], :longest].cpu().numpy()
             for j, (b, n, p, temp, room) in enumerate(whole):
-                rows.append(Row(b, req_ids[b], table[j, :p], table[j, p:n], temp, room, n - p))
+                rows.append(Row(b, req_ids[b], table[j, :p], table[j, p:n], temp, room))
         self.tail_reads += len(rows) - len(whole)
         self.whole_reads += len(whole)
         chains = drafting.step(rows)
