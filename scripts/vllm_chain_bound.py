@@ -19,7 +19,9 @@ Drafters, each from an empty state and fed the prompts in file order:
 * ``ngram:K``: vLLM's own prompt-lookup function (``prompt_lookup_min`` 2, ``max`` 5, as the
   benchmark's ``ngram:K`` configuration);
 * ``lookahead``: the embedded core's sized chains (``SIZED_CHAIN`` against the step-time curve
-  above, the scores as they are: the proposer's per-request weight is not replayed);
+  above, the scores as they are);
+* ``lookahead-weighted``: the same, the scores weighed as vLLM's proposer weighs them, by the
+  request's own accepted over expected draft tokens (the proposer's ``RequestBook``);
 * ``lookahead-oracle``: the core's whole chain cut where it first goes wrong, a bound that no
   choice of lengths for these chains can beat.
 
@@ -31,6 +33,7 @@ Run with the vLLM environment (``scripts/vllm_env.sh``)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -40,6 +43,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from lookahead_client.embedded import EmbeddedDrafter
+from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.types import DraftShape, EngineCost, StepRequest
 
 # Steps: (draft tokens verified, draft tokens accepted, the prompt's half).
@@ -146,6 +150,31 @@ def lookahead(k: int, cost: EngineCost | None):
     return propose
 
 
+def lookahead_weighted(k: int, cost: EngineCost):
+    """The core's sized chains with the scores weighed as vLLM's proposer weighs them: by the
+    request's own accepted over expected draft tokens (``RequestBook.acceptance_of``)."""
+    drafter = EmbeddedDrafter(vocab_size=1 << 16)
+    book = RequestBook(budget=k, shape=DraftShape.SIZED_CHAIN)
+    outputs: dict[str, list[int]] = {}
+
+    def propose(rid: str, prompt: list[int], new: list[int], last: int) -> list[int]:
+        output = outputs.setdefault(rid, [])
+        output.extend(new)
+        if last == -2:
+            book.forget(rid)
+            return []
+        view = RequestView(rid, prompt, output)
+        plan = book.plan([view])
+        plan.acceptance = book.acceptance_of([view])
+        batch = drafter.step(plan.requests, dataclasses.replace(cost, acceptance=plan.acceptance))
+        book.commit(plan, frozenset())
+        tree = batch[plan.live[0]]
+        book.fed(plan, 0, len(tree.tokens), float(sum(tree.scores)))
+        return list(tree.tokens)
+
+    return propose
+
+
 def report(name: str, steps: Steps, cost: Callable[[int], float]) -> str:
     """One row: steps, tokens per step, drafted share, tokens per draft, accepted per draft
     token, simulated ms per output token."""
@@ -189,6 +218,7 @@ def main() -> int:
         runs = {
             f"ngram:{args.k}": replay(requests, ngram(args.k)),
             "lookahead": replay(requests, lookahead(args.k, cost)),
+            "lookahead-weighted": replay(requests, lookahead_weighted(args.k, cost)),
         }
         whole = replay(requests, lookahead(args.k, None))
         runs["lookahead-oracle"] = [(a, a, half) for _, a, half in whole]
