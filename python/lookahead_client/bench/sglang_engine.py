@@ -91,9 +91,11 @@ _TIMED = (
 #: The key of the timings in SGLang's internal state (``get_server_info``).
 _STATE_KEY = "lookahead_bench"
 # For the up-front guess of a trial's cost: engine start-up and tear-down, and plain's output
-# tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch.
-_GUESS_STARTUP_S = 70.0
-_GUESS_TOK_S = (12.0, 30.0)
+# tokens/s on SmolLM2-135M with 2 cores, alone and in a full batch (run 10 of docs/sglang.md:
+# plain's trials took 93 s, 49 of them generating at 17 and 26 tokens/s, where the earlier
+# guess of 70 s, 12 and 30 tokens/s said 130).
+_GUESS_STARTUP_S = 45.0
+_GUESS_TOK_S = (17.0, 26.0)
 
 
 def find_cpu_standins(given: str | None) -> pathlib.Path | None:
