@@ -33,8 +33,8 @@ Run with the vLLM environment (``scripts/vllm_env.sh``)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -44,6 +44,8 @@ import numpy as np
 
 from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
+from lookahead_client.engine.guard import DraftGuard
+from lookahead_client.engine.session import DraftSession
 from lookahead_client.types import DraftShape, EngineCost, StepRequest
 
 # Steps: (draft tokens verified, draft tokens accepted, the prompt's half).
@@ -151,10 +153,12 @@ def lookahead(k: int, cost: EngineCost | None):
 
 
 def lookahead_weighted(k: int, cost: EngineCost):
-    """The core's sized chains with the scores weighed as vLLM's proposer weighs them: by the
-    request's own accepted over expected draft tokens (``RequestBook.acceptance_of``)."""
-    drafter = EmbeddedDrafter(vocab_size=1 << 16)
+    """The core's sized chains with the scores weighed as vLLM's proposer weighs them, through
+    its own :class:`DraftSession`: by the request's own accepted over expected draft tokens."""
     book = RequestBook(budget=k, shape=DraftShape.SIZED_CHAIN)
+    session = DraftSession(
+        DraftGuard(EmbeddedDrafter(vocab_size=1 << 16), None), book, logging.getLogger(__name__)
+    )
     outputs: dict[str, list[int]] = {}
 
     def propose(rid: str, prompt: list[int], new: list[int], last: int) -> list[int]:
@@ -163,13 +167,12 @@ def lookahead_weighted(k: int, cost: EngineCost):
         if last == -2:
             book.forget(rid)
             return []
-        view = RequestView(rid, prompt, output)
-        plan = book.plan([view])
-        plan.acceptance = book.acceptance_of([view])
-        batch = drafter.step(plan.requests, dataclasses.replace(cost, acceptance=plan.acceptance))
-        book.commit(plan, frozenset())
-        tree = batch[plan.live[0]]
-        book.fed(plan, 0, len(tree.tokens), float(sum(tree.scores)))
+        session.begin()
+        drafts = session.draft([RequestView(rid, prompt, output)], cost)
+        if drafts is None or (index := drafts.tree_of(0)) < 0:
+            return []
+        tree = drafts.batch[index]
+        session.fed(drafts, 0, len(tree.tokens), float(sum(tree.scores)))
         return list(tree.tokens)
 
     return propose
