@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -25,6 +27,7 @@ from lookahead_client.errors import (
 from lookahead_client.processes.server import ServerProcess, find_server_binary
 from lookahead_client.remote import RemoteDrafter
 from lookahead_client.types import StepRequest
+from test_hardening import wait_for
 
 LIMITS = [
     "--max-message-bytes",
@@ -323,4 +326,54 @@ def test_graceful_shutdown(sig: int) -> None:
         log = server.log()
         assert '"message":"stopped"' in log.replace(" ", ""), log
     finally:
+        server.close()
+
+
+def test_graceful_shutdown_when_the_parent_blocked_the_signals() -> None:
+    """The signal mask is inherited across exec: a server started by a process that blocks
+    SIGTERM and SIGINT still shuts down gracefully on them."""
+    shutdown = {signal.SIGTERM, signal.SIGINT}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, shutdown)
+    try:
+        server = ServerProcess(["--log-format", "json"]).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        with open(f"/proc/{server.pid}/status") as f:
+            masks = dict(line.split(":\t", 1) for line in f if line.startswith("Sig"))
+        assert int(masks["SigBlk"], 16) & (1 << (signal.SIGTERM - 1)), "inherited blocked"
+        assert server.stop(signal.SIGTERM) == 0
+        assert '"message":"stopped"' in server.log().replace(" ", ""), server.log()
+    finally:
+        server.close()
+
+
+def test_second_signal_ends_a_graceful_shutdown_at_once() -> None:
+    """A graceful shutdown waits up to --shutdown-grace for open calls (here an ingest whose
+    client never ends its stream); a second signal ends the process at once, status 1."""
+    server = ServerProcess(["--shutdown-grace", "120"]).start()
+    release = threading.Event()
+
+    def documents() -> Iterator[pb.IngestRequest]:
+        yield pb.IngestRequest(documents=[pb.TokenList(tokens=[1, 2, 3])])
+        release.wait(180)
+
+    try:
+        with grpc.insecure_channel(server.tcp_target) as channel:
+            call = LookaheadStub(channel).Ingest.future(documents())
+            wait_for(lambda: "namespace created" in server.log(), 10, "the ingest to begin")
+            assert server.process is not None
+            server.process.send_signal(signal.SIGTERM)
+            wait_for(lambda: "SIGTERM received" in server.log(), 10, "the first signal")
+            time.sleep(0.5)
+            assert server.alive(), "the open ingest holds the graceful shutdown"
+            started = time.monotonic()
+            assert server.stop(signal.SIGTERM, timeout=10) == 1
+            assert time.monotonic() - started < 5
+            assert "second shutdown signal" in server.log(), server.log()
+            release.set()
+            with pytest.raises(grpc.RpcError):
+                call.result(timeout=10)
+    finally:
+        release.set()
         server.close()

@@ -88,6 +88,19 @@ class ChildProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
+    def thread_stacks(self) -> str:
+        """Every thread's stack of the running process, from ``gdb`` (for the message of a
+        process that hangs); a line saying why when there is none to give."""
+        gdb = shutil.which("gdb")
+        if gdb is None or not self.alive():
+            return "(no thread stacks: gdb is not installed or the process has exited)"
+        command = [gdb, "-p", str(self.pid), "-batch", "-nx", "-ex", "thread apply all bt"]
+        try:
+            traced = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"(no thread stacks: {e})"
+        return traced.stdout or f"(no thread stacks: gdb said {traced.stderr.strip()!r})"
+
     def log(self) -> str:
         """Everything the process wrote (stdout and stderr)."""
         try:

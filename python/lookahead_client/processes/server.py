@@ -144,10 +144,12 @@ class ServerProcess(ChildProcess):
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
+                stacks = self.thread_stacks()
                 self.process.kill()
                 self.process.wait()
                 raise TimeoutError(
-                    f"lookahead-server ignored signal {sig}:\n{self.log()}"
+                    f"lookahead-server ignored signal {sig}:\n{self.log()}\n"
+                    f"its threads when it was killed:\n{stacks}"
                 ) from None
         return self.process.returncode
 

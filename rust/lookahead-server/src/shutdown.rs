@@ -1,45 +1,87 @@
 //! The shutdown signal: SIGTERM or SIGINT (Ctrl-C), handled in Rust (also when the server
 //! runs inside a Python process, whose own handlers cannot run while it serves).
+//!
+//! The signals are waited for on a thread of their own, not by the async runtime: a shutdown
+//! is asked for (and logged) even while every async worker is busy, and a second signal ends
+//! the process at once when a graceful shutdown does not end.
 
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use tokio::sync::oneshot;
 
-/// SIGTERM and SIGINT handlers, installed when this is built (so that a signal arriving while
-/// the server is still binding is not lost, nor handled by the default action).
+/// Exit status after a second shutdown signal (a graceful shutdown cut short).
+pub const FORCED_EXIT_STATUS: i32 = 1;
+
+/// The first SIGTERM or SIGINT, once the handlers are installed.
 pub struct Signals {
-    terminate: Option<Signal>,
-    interrupt: Option<Signal>,
+    first: Option<oneshot::Receiver<()>>,
 }
 
 impl Signals {
-    /// Installs the handlers. Must run inside a Tokio runtime. A signal that cannot be
-    /// watched is logged and ignored (the other one still works).
+    /// Installs the handlers and starts the thread that waits for them, so that a signal
+    /// arriving while the server is still binding is neither lost nor handled by the default
+    /// action. A failure is logged and leaves the default actions in place.
     pub fn install() -> Self {
-        let watch = |kind: SignalKind, name: &str| match signal(kind) {
-            Ok(s) => Some(s),
+        match watch() {
+            Ok(first) => Self { first: Some(first) },
             Err(e) => {
-                tracing::warn!(signal = name, error = %e, "cannot watch the signal");
-                None
+                tracing::warn!(error = %e, "cannot watch SIGTERM and SIGINT; they stop the server without a graceful shutdown");
+                Self { first: None }
             }
-        };
-        Self {
-            terminate: watch(SignalKind::terminate(), "SIGTERM"),
-            interrupt: watch(SignalKind::interrupt(), "SIGINT"),
         }
     }
 
     /// Completes on the first SIGTERM or SIGINT.
     pub async fn recv(self) {
-        async fn next(signal: Option<Signal>) {
-            match signal {
-                Some(mut s) => {
-                    s.recv().await;
+        let received = match self.first {
+            Some(first) => first.await.is_ok(),
+            None => false,
+        };
+        if !received {
+            // No handler, or its thread is gone: only another way ends the server.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Registers the handlers and spawns the waiting thread; its receiver completes on the first
+/// signal.
+fn watch() -> std::io::Result<oneshot::Receiver<()>> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let (first, received) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("lookahead-signals".to_string())
+        .spawn(move || {
+            // A parent may have blocked them (the mask is inherited across exec): unblocked
+            // in this thread, they always have a thread to be delivered to.
+            unblock_shutdown_signals();
+            let mut first = Some(first);
+            for signal in signals.forever() {
+                let name = if signal == SIGTERM { "SIGTERM" } else { "SIGINT (Ctrl-C)" };
+                match first.take() {
+                    Some(first) => {
+                        tracing::info!("{name} received");
+                        // The receiver is gone only once the server has stopped already.
+                        let _ = first.send(());
+                    }
+                    None => {
+                        tracing::warn!(
+                            signal = name,
+                            "second shutdown signal: exiting now, without waiting for open calls or writing the final snapshots"
+                        );
+                        std::process::exit(FORCED_EXIT_STATUS);
+                    }
                 }
-                None => std::future::pending::<()>().await,
             }
-        }
-        tokio::select! {
-            () = next(self.terminate) => tracing::info!("SIGTERM received"),
-            () = next(self.interrupt) => tracing::info!("SIGINT (Ctrl-C) received"),
-        }
+        })?;
+    Ok(received)
+}
+
+fn unblock_shutdown_signals() {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None) {
+        tracing::warn!(error = %e, "cannot unblock SIGTERM and SIGINT");
     }
 }
