@@ -12,12 +12,15 @@ each drafter need to produce SmolLM2-135M's own greedy outputs?
    of the model's.
 3. Each step is charged the engine's measured step time for the tokens it verifies
    (``--step-ms``: one token, two tokens, each further token; run 11 of docs/vllm-runs.md measured
-   33.5, 35.5 and about 1.2-1.7 ms on this machine).
+   33.5, 35.5 and about 1.2-1.7 ms on this machine), or a whole curve of K + 1 values, such as
+   the one ``lookahead-bench vllm`` prints as what the chains were sized against.
 
 Drafters, each from an empty state and fed the prompts in file order:
 
 * ``ngram:K``: vLLM's own prompt-lookup function (``prompt_lookup_min`` 2, ``max`` 5, as the
   benchmark's ``ngram:K`` configuration);
+* ``suffix``: vLLM's ``suffix`` method (ArcticInference's cache with vLLM's defaults, K tokens
+  at most, :class:`~lookahead_client.bench.baselines.suffix.SuffixDecodingDrafter`);
 * ``lookahead``: the embedded core's sized chains (``SIZED_CHAIN`` against the step-time curve
   above, the scores as they are);
 * ``lookahead-weighted``: the same, the scores weighed as vLLM's proposer weighs them, by the
@@ -46,7 +49,7 @@ from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.guard import DraftGuard
 from lookahead_client.engine.session import DraftSession
-from lookahead_client.types import DraftShape, EngineCost, StepRequest
+from lookahead_client.types import Drafter, DraftShape, EngineCost, StepRequest
 
 # Steps: (draft tokens verified, draft tokens accepted, the prompt's half).
 Steps = list[tuple[int, int, str]]
@@ -130,9 +133,21 @@ def ngram(k: int):
 
 def lookahead(k: int, cost: EngineCost | None):
     """The embedded core's chains: sized against ``cost``, or whole (None, for the oracle)."""
-    drafter = EmbeddedDrafter(vocab_size=1 << 16)
-    started: set[str] = set()
     shape = DraftShape.CHAIN if cost is None else DraftShape.SIZED_CHAIN
+    return stepped(EmbeddedDrafter(vocab_size=1 << 16), k, cost, shape)
+
+
+def suffix(k: int):
+    """vLLM's ``suffix`` method: ArcticInference's cache driven as vLLM drives it."""
+    from lookahead_client.bench.baselines.suffix import SuffixDecodingDrafter
+
+    return stepped(SuffixDecodingDrafter(), k, None, DraftShape.CHAIN)
+
+
+def stepped(drafter: Drafter, k: int, cost: EngineCost | None, shape: DraftShape):
+    """A drafter of the step protocol replayed one request at a time: a step per engine step,
+    the prompt with the first, ``finished`` with the last."""
+    started: set[str] = set()
 
     def propose(rid: str, prompt: list[int], new: list[int], last: int) -> list[int]:
         first = rid not in started
@@ -199,14 +214,26 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16, help="first N prompts per workload")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=8, help="draft tokens at most (vLLM's K)")
-    parser.add_argument("--step-ms", default="33.5,35.5,1.5", help="1 token, 2, each further")
+    parser.add_argument(
+        "--step-ms",
+        default="33.5,35.5,1.5",
+        help="1 token, 2, each further; or K + 1 values: the step ms for 1 to K + 1 tokens "
+        "(a curve the engine benchmark printed)",
+    )
     parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     parser.add_argument("--outputs", help="JSON of the outputs: read if it exists, else written")
     args = parser.parse_args()
-    one, two, each = (float(x) for x in args.step_ms.split(","))
+    given = [float(x) for x in args.step_ms.split(",")]
+    if len(given) == 3:
+        one, two, each = given
+        curve = [one] + [two + each * (n - 2) for n in range(2, args.k + 2)]
+    elif len(given) == args.k + 1:
+        curve = given
+    else:
+        parser.error(f"--step-ms: 3 values or K + 1 = {args.k + 1}, got {len(given)}")
 
     def step_ms(tokens: int) -> float:
-        return one if tokens <= 1 else two + each * (tokens - 2)
+        return curve[min(max(tokens, 1), len(curve)) - 1]
 
     outputs_path = pathlib.Path(args.outputs) if args.outputs else None
     if outputs_path is not None and outputs_path.exists():
@@ -220,12 +247,13 @@ def main() -> int:
     for stem, requests in outputs.items():
         runs = {
             f"ngram:{args.k}": replay(requests, ngram(args.k)),
+            "suffix": replay(requests, suffix(args.k)),
             "lookahead": replay(requests, lookahead(args.k, cost)),
             "lookahead-weighted": replay(requests, lookahead_weighted(args.k, cost)),
         }
         whole = replay(requests, lookahead(args.k, None))
         runs["lookahead-oracle"] = [(a, a, half) for _, a, half in whole]
-        print(f"{stem}: {len(requests)} prompts, step ms {args.step_ms} (1, 2, each further)")
+        print(f"{stem}: {len(requests)} prompts, step ms for 1 to K + 1 tokens {curve}")
         for half in ("both", "A", "B"):
             print(f" half {half}")
             for name, steps in runs.items():
