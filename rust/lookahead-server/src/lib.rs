@@ -65,7 +65,7 @@ pub fn run(config: ServerConfig) -> Result<(), ServerError> {
         "lookahead-server starting"
     );
     let outcome = runtime.block_on(async {
-        let signals = shutdown::Signals::install();
+        let mut signals = shutdown::Signals::install();
         let server = bind(&config).await?;
         server.serve(signals.recv()).await
     });

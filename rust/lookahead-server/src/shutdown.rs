@@ -7,14 +7,18 @@
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Handle;
 use tokio::sync::oneshot;
 
 /// Exit status after a second shutdown signal (a graceful shutdown cut short).
-pub const FORCED_EXIT_STATUS: i32 = 1;
+const FORCED_EXIT_STATUS: i32 = 1;
 
-/// The first SIGTERM or SIGINT, once the handlers are installed.
+/// The first SIGTERM or SIGINT, once the handlers are installed. Dropping it ends the waiting
+/// thread: a process that goes on after the server (Python's) keeps its own handling of
+/// later signals, and is not ended by them.
 pub struct Signals {
     first: Option<oneshot::Receiver<()>>,
+    thread: Option<Handle>,
 }
 
 impl Signals {
@@ -23,17 +27,23 @@ impl Signals {
     /// action. A failure is logged and leaves the default actions in place.
     pub fn install() -> Self {
         match watch() {
-            Ok(first) => Self { first: Some(first) },
+            Ok((first, thread)) => Self {
+                first: Some(first),
+                thread: Some(thread),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch SIGTERM and SIGINT; they stop the server without a graceful shutdown");
-                Self { first: None }
+                Self {
+                    first: None,
+                    thread: None,
+                }
             }
         }
     }
 
     /// Completes on the first SIGTERM or SIGINT.
-    pub async fn recv(self) {
-        let received = match self.first {
+    pub async fn recv(&mut self) {
+        let received = match self.first.as_mut() {
             Some(first) => first.await.is_ok(),
             None => false,
         };
@@ -44,10 +54,19 @@ impl Signals {
     }
 }
 
-/// Registers the handlers and spawns the waiting thread; its receiver completes on the first
-/// signal.
-fn watch() -> std::io::Result<oneshot::Receiver<()>> {
+impl Drop for Signals {
+    fn drop(&mut self) {
+        if let Some(thread) = &self.thread {
+            thread.close();
+        }
+    }
+}
+
+/// Registers the handlers and spawns the waiting thread: a receiver that completes on the
+/// first signal, and the handle that ends the thread.
+fn watch() -> std::io::Result<(oneshot::Receiver<()>, Handle)> {
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let thread = signals.handle();
     let (first, received) = oneshot::channel();
     std::thread::Builder::new()
         .name("lookahead-signals".to_string())
@@ -74,7 +93,7 @@ fn watch() -> std::io::Result<oneshot::Receiver<()>> {
                 }
             }
         })?;
-    Ok(received)
+    Ok((received, thread))
 }
 
 fn unblock_shutdown_signals() {
