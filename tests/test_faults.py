@@ -113,7 +113,7 @@ def test_sigstop_falls_back_within_the_deadline_and_recovers() -> None:
                 wait_for(lambda: load.drafted_after(0) > 20, 10, "drafts before the pause")
                 server.pause()
                 paused = time.monotonic()
-                time.sleep(1.0)
+                time.sleep(2.0)
                 resumed = time.monotonic()
                 server.resume()
                 wait_for(lambda: load.drafted_after(resumed + 0.2) > 20, 15, "drafts after SIGCONT")
@@ -123,8 +123,10 @@ def test_sigstop_falls_back_within_the_deadline_and_recovers() -> None:
             ]
             assert frozen, "steps went on while the server was frozen"
             assert all(empty for _, empty in frozen)
-            # Each step costs at most its deadline (plus scheduling slack on a busy machine).
-            assert max(lat for lat, _ in frozen) < 0.1 + 0.15, frozen
+            # Each step costs at most its deadline, plus slack for a busy machine (a pause of
+            # the test process's own, its garbage collector's or the scheduler's, 0.26 s seen
+            # once on CI): a step that waited for the server would take over 1.8 s.
+            assert max(lat for lat, _ in frozen) < 0.1 + 0.5, frozen
 
 
 def test_short_soak_memory_flat_under_budget_and_latency_stable() -> None:
