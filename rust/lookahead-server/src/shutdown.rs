@@ -24,7 +24,7 @@ pub struct Signals {
 impl Signals {
     /// Installs the handlers and starts the thread that waits for them, so that a signal
     /// arriving while the server is still binding is neither lost nor handled by the default
-    /// action. A failure is logged and leaves the default actions in place.
+    /// action. A failure is logged: the server then has no graceful shutdown.
     pub fn install() -> Self {
         match watch() {
             Ok((first, thread)) => Self {
@@ -32,7 +32,7 @@ impl Signals {
                 thread: Some(thread),
             },
             Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM and SIGINT; they stop the server without a graceful shutdown");
+                tracing::warn!(error = %e, "cannot watch SIGTERM and SIGINT: no graceful shutdown");
                 Self {
                     first: None,
                     thread: None,
