@@ -14,6 +14,10 @@ engine in this process:
   a time, and prints the step times it measured by size (what its curve is fitted to) and
   the curve it ended with.
 
+``--samples N --temperature T`` generates N sequences of each prompt at once (a batch of N
+rows, as the sampled rollouts of ``lookahead-bench vllm``); with ``--drafted-rows R`` the fixed
+proposer drafts for R of them only, so that each size is the batch's ``N + R * n`` tokens.
+
 Run with the vLLM environment (``scripts/vllm_env.sh``)::
 
     .venv-vllm/bin/python scripts/vllm_step_cost.py --workload ../shared/workloads/code-edit.jsonl
@@ -28,6 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # A token id far from any text of these workloads: drafted, it is (nearly) never accepted.
@@ -35,21 +40,44 @@ _UNLIKELY = 17
 
 
 class FixedProposer:
-    """vLLM's ``custom_class`` proposer drafting ``n`` copies of one token for every row, and
-    counting its calls (set both through ``collective_rpc``)."""
+    """vLLM's ``custom_class`` proposer drafting ``n`` copies of one token for the first
+    ``rows`` rows (None: every row), and counting its calls (set through ``collective_rpc``)."""
 
     def __init__(self, vllm_config: Any) -> None:
         del vllm_config
+        from lookahead_client.vllm.cpu_sampling import repair_expand
+
+        repair_expand()  # the sampler path lookahead's proposer runs at temperatures above 0
         self.n = 0
+        self.rows: int | None = None
         self.calls = 0
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load."""
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any):
-        """``n`` draft tokens for every row."""
+        """``n`` draft tokens for each drafted row."""
         self.calls += 1
-        return [[_UNLIKELY] * self.n for _ in sampled_token_ids]
+        drafted = len(sampled_token_ids) if self.rows is None else self.rows
+        return [[_UNLIKELY] * (self.n if i < drafted else 0) for i in range(len(sampled_token_ids))]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each prompt is generated: ``samples`` sequences at ``temperature`` (one batch), the
+    fixed proposer drafting for the first ``drafted_rows`` of them (None: all)."""
+
+    samples: int = 1
+    temperature: float = 0.0
+    drafted_rows: int | None = None
+
+    def describe(self, fixed: bool) -> str:
+        """One line for the output (``fixed``: with the rows the fixed proposer drafts for)."""
+        line = f"{self.samples} sample(s) at temperature {self.temperature}"
+        if fixed:
+            rows = "every row" if self.drafted_rows is None else f"{self.drafted_rows} row(s)"
+            line += f", drafts for {rows}"
+        return line
 
 
 def _proposer(worker: Any) -> Any:
@@ -67,7 +95,9 @@ def _print_sizes(per_size: dict[int, list[float]]) -> None:
         )
 
 
-def fixed_sizes(llm: Any, ids: list[Any], k: int, new_tokens: int, rounds: int) -> None:
+def fixed_sizes(
+    llm: Any, ids: list[Any], k: int, new_tokens: int, rounds: int, sampling: Sampling
+) -> None:
     """Every size measured with the fixed proposer (see the module docstring)."""
     from vllm import SamplingParams
 
@@ -76,11 +106,17 @@ def fixed_sizes(llm: Any, ids: list[Any], k: int, new_tokens: int, rounds: int) 
 
         def arm(worker: Any) -> int:
             proposer = _proposer(worker)
-            proposer.n = n
+            proposer.n, proposer.rows = n, sampling.drafted_rows
             return proposer.calls
 
         before = llm.collective_rpc(arm)[0]
-        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=tokens,
+            n=sampling.samples,
+            temperature=sampling.temperature,
+            seed=0,
+            ignore_eos=True,
+        )
         started = time.perf_counter()
         llm.generate(ids, params, use_tqdm=False)
         seconds = time.perf_counter() - started
@@ -88,17 +124,21 @@ def fixed_sizes(llm: Any, ids: list[Any], k: int, new_tokens: int, rounds: int) 
 
     timed(0, 8)  # warm-up
     sizes = list(range(k + 1))
-    per_size: dict[int, list[float]] = {n + 1: [] for n in sizes}
+    rows, drafted = sampling.samples, sampling.drafted_rows or sampling.samples
+    per_size: dict[int, list[float]] = {rows + drafted * n: [] for n in sizes}
     for r in range(rounds):
         for n in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
             t1, c1 = timed(n, 1)
             tn, cn = timed(n, new_tokens)
-            per_size[n + 1].append(1e3 * (tn - t1) / max(cn - c1, 1))
-    print(f"ms per step by tokens verified, {new_tokens} new tokens, {rounds} rounds:")
+            per_size[rows + drafted * n].append(1e3 * (tn - t1) / max(cn - c1, 1))
+    print(
+        f"ms per step by tokens verified, {new_tokens} new tokens, {rounds} rounds, "
+        f"{sampling.describe(fixed=True)}:"
+    )
     _print_sizes(per_size)
 
 
-def lookahead_sizes(llm: Any, prompts: list[Any], new_tokens: int) -> None:
+def lookahead_sizes(llm: Any, prompts: list[Any], new_tokens: int, sampling: Sampling) -> None:
     """The step times lookahead's proposer measured, by size, and its curve."""
     from vllm import SamplingParams
 
@@ -115,18 +155,32 @@ def lookahead_sizes(llm: Any, prompts: list[Any], new_tokens: int) -> None:
         feed.observe = recorded
 
     llm.collective_rpc(record)
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0)
+    params = SamplingParams(
+        max_tokens=new_tokens, n=sampling.samples, temperature=sampling.temperature, seed=0
+    )
     for prompt in prompts:
         llm.generate([prompt], params, use_tqdm=False)
     per_size: dict[int, list[float]] = {}
     for tokens, seconds in seen:
         per_size.setdefault(tokens, []).append(1e3 * seconds)
     print(
-        f"ms per step by tokens verified, as lookahead measured them over {len(prompts)} prompts:"
+        f"ms per step by tokens verified, as lookahead measured them over {len(prompts)} "
+        f"prompts, {sampling.describe(fixed=False)}:"
     )
     _print_sizes(per_size)
-    curve = llm.collective_rpc(lambda w: _proposer(w).stats()["cost_curve_ms"])[0]
-    print(f"  its curve at the end (1 to K + 1 tokens): {curve}")
+    rows = sampling.samples
+
+    def curve(worker: Any) -> tuple[list[float] | None, float | None]:
+        proposer = _proposer(worker)
+        seconds = proposer.cost.seconds_at(range(rows, rows + proposer.k + 1), rows=rows)
+        ms = None if seconds is None else [round(1e3 * s, 2) for s in seconds]
+        return ms, proposer.stats()["draft_overhead_ms"]
+
+    ms, overhead = llm.collective_rpc(curve)[0]
+    print(
+        f"  its curve at the end for {rows} rows ({rows} to {rows} + K tokens): {ms}; "
+        f"a drafted step's overhead in it: {overhead} ms"
+    )
 
 
 def main() -> int:
@@ -139,8 +193,14 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=8, help="draft tokens at most (vLLM's K)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per generation")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=1, help="sequences per prompt (vLLM's n)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--drafted-rows", type=int, help="fixed: draft for this many rows only (default: all)"
+    )
     parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     args = parser.parse_args()
+    sampling = Sampling(args.samples, args.temperature, args.drafted_rows)
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the proposer in this process
     sys.path.insert(0, str(pathlib.Path(__file__).parent))  # importable by vLLM
@@ -174,9 +234,9 @@ def main() -> int:
     ids = [TokensPrompt(prompt_token_ids=list(p.ids)) for p in prompts]
     print(f"{pathlib.Path(args.workload).stem}, {args.proposer} proposer, K = {args.k}")
     if args.proposer == "fixed":
-        fixed_sizes(llm, ids[:1], args.k, args.new_tokens, args.rounds)
+        fixed_sizes(llm, ids[:1], args.k, args.new_tokens, args.rounds, sampling)
     else:
-        lookahead_sizes(llm, ids, args.new_tokens)
+        lookahead_sizes(llm, ids, args.new_tokens, sampling)
     return 0
 
 
