@@ -62,8 +62,8 @@ scripts/gen_proto.sh
 git diff --exit-code -- python/lookahead_client/_proto
 
 step "ruff"
-ruff check python tests
-ruff format --check python tests
+ruff check python tests scripts
+ruff format --check python tests scripts
 
 step "types: mypy over python/ (pyproject's [tool.mypy]), the native stubs against the build"
 python -m mypy
