@@ -200,6 +200,12 @@ def main() -> int:
     )
     parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     args = parser.parse_args()
+    if args.samples < 1:
+        parser.error(f"--samples must be >= 1, got {args.samples}")
+    if args.drafted_rows is not None and not 1 <= args.drafted_rows <= args.samples:
+        parser.error(
+            f"--drafted-rows must be 1 to --samples ({args.samples}), got {args.drafted_rows}"
+        )
     sampling = Sampling(args.samples, args.temperature, args.drafted_rows)
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the proposer in this process
