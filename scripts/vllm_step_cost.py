@@ -1,4 +1,4 @@
-"""vLLM's decode step time at batch 1 by the draft tokens it verifies, measured size by size.
+"""vLLM's decode step time by the draft tokens it verifies, measured size by size.
 
 The cost curve that lookahead's chains are sized against is learnt online from the engine's
 own steps (``engine/step_cost.py``), at the sizes the core's own choices make; what it says
@@ -6,13 +6,16 @@ is in ``cost_curve_ms`` of the proposer's stats. This script checks it, with one
 engine in this process:
 
 * ``--proposer fixed`` (the default) measures every size directly: a ``custom_class``
-  proposer drafts exactly ``n`` tokens every step, a token the model does not take (so
-  almost every step verifies ``n + 1`` tokens and keeps one), for ``n = 0..K`` in rotated
-  rounds. A size's step time is ``(t(N) - t(1)) / (steps(N) - steps(1))``: the generation
-  of ``N`` tokens less that of one (the prefill), over the proposer's calls between them.
+  proposer drafts ``n`` copies of a token the model does not take (so almost every step
+  verifies ``n + 1`` tokens a drafted row and keeps one), the sizes ``n = 0..K`` in turn, call
+  by call, and times each engine step from its answer to its next call (what lookahead's
+  proposer measures of its own steps). Every size is measured all through each generation,
+  step beside step, so the machine's pace, which moves by several percent from one second to
+  the next, weighs on all of them alike; each round starts the turn at another size.
 * ``--proposer lookahead`` runs lookahead's proposer over the workload's first prompts, one at
   a time, and prints the step times it measured by size (what its curve is fitted to) and
-  the curve it ended with.
+  the curve it ended with; ``--observations F`` writes every step it measured (JSON lines of
+  tokens, seconds and the step's shape), to fit other models to offline.
 
 ``--samples N --temperature T`` generates N sequences of each prompt at once (a batch of N
 rows, as the sampled rollouts of ``lookahead-bench vllm``); with ``--drafted-rows R`` the fixed
@@ -26,6 +29,7 @@ Run with the vLLM environment (``scripts/vllm_env.sh``)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import statistics
@@ -40,26 +44,42 @@ _UNLIKELY = 17
 
 
 class FixedProposer:
-    """vLLM's ``custom_class`` proposer drafting ``n`` copies of one token for the first
-    ``rows`` rows (None: every row), and counting its calls (set through ``collective_rpc``)."""
+    """vLLM's ``custom_class`` proposer drafting, call by call, ``n`` copies of one token for
+    the first ``rows`` rows (None: every row), ``n`` taken from ``sizes`` in turn, and timing
+    each engine step (set and read through ``collective_rpc``)."""
 
     def __init__(self, vllm_config: Any) -> None:
         del vllm_config
         from lookahead_client.vllm.cpu_sampling import repair_expand
 
         repair_expand()  # the sampler path lookahead's proposer runs at temperatures above 0
-        self.n = 0
+        self.sizes = [0]
         self.rows: int | None = None
-        self.calls = 0
+        #: Each timed step: (draft tokens of a drafted row, rows, seconds).
+        self.steps: list[tuple[int, int, float]] = []
+        self._calls = 0
+        self._last: tuple[int, float] | None = None  # the last call's n and answer time
+
+    def start(self, sizes: list[int], rows: int | None) -> None:
+        """A new generation: ``sizes`` in turn from its first step, no step timed yet."""
+        self.sizes, self.rows, self.steps, self._calls, self._last = sizes, rows, [], 0, None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load."""
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], *args: Any, **kwargs: Any):
-        """``n`` draft tokens for each drafted row."""
-        self.calls += 1
-        drafted = len(sampled_token_ids) if self.rows is None else self.rows
-        return [[_UNLIKELY] * (self.n if i < drafted else 0) for i in range(len(sampled_token_ids))]
+        """``n`` draft tokens for each drafted row; the step since the last call timed."""
+        called = time.perf_counter()
+        batch = len(sampled_token_ids)
+        if self._last is not None:
+            n, answered = self._last
+            self.steps.append((n, batch, called - answered))
+        n = self.sizes[self._calls % len(self.sizes)]
+        self._calls += 1
+        drafted = batch if self.rows is None else self.rows
+        chains = [[_UNLIKELY] * (n if i < drafted else 0) for i in range(batch)]
+        self._last = (n, time.perf_counter())
+        return chains
 
 
 @dataclass(frozen=True)
@@ -101,55 +121,53 @@ def fixed_sizes(
     """Every size measured with the fixed proposer (see the module docstring)."""
     from vllm import SamplingParams
 
-    def timed(n: int, tokens: int) -> tuple[float, int]:
-        """Seconds and proposer calls of one generation of ``tokens`` with ``n``-token drafts."""
-
-        def arm(worker: Any) -> int:
-            proposer = _proposer(worker)
-            proposer.n, proposer.rows = n, sampling.drafted_rows
-            return proposer.calls
-
-        before = llm.collective_rpc(arm)[0]
-        params = SamplingParams(
-            max_tokens=tokens,
-            n=sampling.samples,
-            temperature=sampling.temperature,
-            seed=0,
-            ignore_eos=True,
-        )
-        started = time.perf_counter()
-        llm.generate(ids, params, use_tqdm=False)
-        seconds = time.perf_counter() - started
-        return seconds, llm.collective_rpc(lambda w: _proposer(w).calls)[0] - before
-
-    timed(0, 8)  # warm-up
-    sizes = list(range(k + 1))
+    params = SamplingParams(
+        max_tokens=new_tokens,
+        n=sampling.samples,
+        temperature=sampling.temperature,
+        seed=0,
+        ignore_eos=True,
+    )
     rows, drafted = sampling.samples, sampling.drafted_rows or sampling.samples
+    sizes = list(range(k + 1))
     per_size: dict[int, list[float]] = {rows + drafted * n: [] for n in sizes}
+    llm.generate(ids, SamplingParams(max_tokens=8, n=sampling.samples), use_tqdm=False)
     for r in range(rounds):
-        for n in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
-            t1, c1 = timed(n, 1)
-            tn, cn = timed(n, new_tokens)
-            per_size[rows + drafted * n].append(1e3 * (tn - t1) / max(cn - c1, 1))
+        turn = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
+        llm.collective_rpc(lambda w, turn=turn: _proposer(w).start(turn, sampling.drafted_rows))
+        llm.generate(ids, params, use_tqdm=False)
+        for n, batch, seconds in llm.collective_rpc(lambda w: _proposer(w).steps)[0]:
+            if batch == rows:  # the batch's first steps may hold fewer rows
+                per_size[rows + drafted * n].append(1e3 * seconds)
     print(
         f"ms per step by tokens verified, {new_tokens} new tokens, {rounds} rounds, "
         f"{sampling.describe(fixed=True)}:"
     )
     _print_sizes(per_size)
+    plain = statistics.median(per_size[rows])
+    extra = [statistics.median(per_size[rows + drafted * n]) - plain for n in sizes[1:]]
+    print(f"  over the step without a draft, n = 1..{k}: {[round(x, 2) for x in extra]} ms")
 
 
-def lookahead_sizes(llm: Any, prompts: list[Any], new_tokens: int, sampling: Sampling) -> None:
-    """The step times lookahead's proposer measured, by size, and its curve."""
+def lookahead_sizes(
+    llm: Any,
+    prompts: list[Any],
+    new_tokens: int,
+    sampling: Sampling,
+    observations: pathlib.Path | None = None,
+) -> None:
+    """The step times lookahead's proposer measured, by size, and its curve; every measured
+    step written to ``observations`` (JSON lines: tokens, seconds and the step's shape)."""
     from vllm import SamplingParams
 
-    seen: list[tuple[int, float]] = []
+    seen: list[dict[str, Any]] = []
 
     def record(worker: Any) -> None:
         feed = _proposer(worker).cost
         observe = feed.observe
 
         def recorded(tokens: int, seconds: float, **shape: Any) -> None:
-            seen.append((tokens, seconds))
+            seen.append({"tokens": tokens, "seconds": seconds, **shape})
             observe(tokens, seconds, **shape)
 
         feed.observe = recorded
@@ -161,8 +179,10 @@ def lookahead_sizes(llm: Any, prompts: list[Any], new_tokens: int, sampling: Sam
     for prompt in prompts:
         llm.generate([prompt], params, use_tqdm=False)
     per_size: dict[int, list[float]] = {}
-    for tokens, seconds in seen:
-        per_size.setdefault(tokens, []).append(1e3 * seconds)
+    for step in seen:
+        per_size.setdefault(step["tokens"], []).append(1e3 * step["seconds"])
+    if observations is not None:
+        observations.write_text("".join(json.dumps(step) + "\n" for step in seen))
     print(
         f"ms per step by tokens verified, as lookahead measured them over {len(prompts)} "
         f"prompts, {sampling.describe(fixed=False)}:"
@@ -197,6 +217,9 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
         "--drafted-rows", type=int, help="fixed: draft for this many rows only (default: all)"
+    )
+    parser.add_argument(
+        "--observations", type=pathlib.Path, help="lookahead: write its measured steps here"
     )
     parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     args = parser.parse_args()
@@ -242,7 +265,7 @@ def main() -> int:
     if args.proposer == "fixed":
         fixed_sizes(llm, ids[:1], args.k, args.new_tokens, args.rounds, sampling)
     else:
-        lookahead_sizes(llm, ids, args.new_tokens, sampling)
+        lookahead_sizes(llm, ids, args.new_tokens, sampling, args.observations)
     return 0
 
 
