@@ -17,9 +17,10 @@ engine in this process:
   the curve it ended with; ``--observations F`` writes every step it measured (JSON lines of
   tokens, seconds and the step's shape), to fit other models to offline.
 
-``--samples N --temperature T`` generates N sequences of each prompt at once (a batch of N
+The fixed proposer runs the workload's first ``--prompts P`` prompts as one batch (default 1).
+``--samples N --temperature T`` generates N sequences of each prompt at once (a batch of P N
 rows, as the sampled rollouts of ``lookahead-bench vllm``); with ``--drafted-rows R`` the fixed
-proposer drafts for R of them only, so that each size is the batch's ``N + R * n`` tokens.
+proposer drafts for R of the rows only, so that each size is the batch's ``P N + R n`` tokens.
 
 Run with the vLLM environment (``scripts/vllm_env.sh``)::
 
@@ -128,7 +129,8 @@ def fixed_sizes(
         seed=0,
         ignore_eos=True,
     )
-    rows, drafted = sampling.samples, sampling.drafted_rows or sampling.samples
+    rows = len(ids) * sampling.samples
+    drafted = sampling.drafted_rows or rows
     sizes = list(range(k + 1))
     per_size: dict[int, list[float]] = {rows + drafted * n: [] for n in sizes}
     llm.generate(ids, SamplingParams(max_tokens=8, n=sampling.samples), use_tqdm=False)
@@ -141,7 +143,7 @@ def fixed_sizes(
                 per_size[rows + drafted * n].append(1e3 * seconds)
     print(
         f"ms per step by tokens verified, {new_tokens} new tokens, {rounds} rounds, "
-        f"{sampling.describe(fixed=True)}:"
+        f"{len(ids)} prompt(s) at once, {sampling.describe(fixed=True)}:"
     )
     _print_sizes(per_size)
     plain = statistics.median(per_size[rows])
@@ -208,7 +210,10 @@ def main() -> int:
     parser.add_argument("--workload", required=True, help="a .jsonl workload")
     parser.add_argument("--proposer", choices=("fixed", "lookahead"), default="fixed")
     parser.add_argument(
-        "--prompts", type=int, default=6, help="prompts (fixed: the first; lookahead: all)"
+        "--prompts",
+        type=int,
+        help="the workload's first prompts (fixed: one batch, default 1; lookahead: one at a "
+        "time, default 6)",
     )
     parser.add_argument("--k", type=int, default=8, help="draft tokens at most (vLLM's K)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per generation")
@@ -223,11 +228,19 @@ def main() -> int:
     )
     parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
     args = parser.parse_args()
+    if args.prompts is None:
+        args.prompts = 1 if args.proposer == "fixed" else 6
+    if args.prompts < 1:
+        parser.error(f"--prompts must be >= 1, got {args.prompts}")
     if args.samples < 1:
         parser.error(f"--samples must be >= 1, got {args.samples}")
-    if args.drafted_rows is not None and not 1 <= args.drafted_rows <= args.samples:
+    if args.samples > 1 and args.temperature <= 0.0:
+        parser.error("--samples above 1 needs --temperature above 0 (vLLM's greedy n is 1)")
+    rows = args.samples * (args.prompts if args.proposer == "fixed" else 1)
+    if args.drafted_rows is not None and not 1 <= args.drafted_rows <= rows:
         parser.error(
-            f"--drafted-rows must be 1 to --samples ({args.samples}), got {args.drafted_rows}"
+            f"--drafted-rows must be 1 to the batch's rows ({rows}: --prompts x --samples "
+            f"with the fixed proposer), got {args.drafted_rows}"
         )
     sampling = Sampling(args.samples, args.temperature, args.drafted_rows)
 
@@ -263,7 +276,7 @@ def main() -> int:
     ids = [TokensPrompt(prompt_token_ids=list(p.ids)) for p in prompts]
     print(f"{pathlib.Path(args.workload).stem}, {args.proposer} proposer, K = {args.k}")
     if args.proposer == "fixed":
-        fixed_sizes(llm, ids[:1], args.k, args.new_tokens, args.rounds, sampling)
+        fixed_sizes(llm, ids, args.k, args.new_tokens, args.rounds, sampling)
     else:
         lookahead_sizes(llm, ids, args.new_tokens, sampling, args.observations)
     return 0
