@@ -464,3 +464,18 @@ def test_a_members_trial_gives_the_engines_one_live_nats_server(tmp_path):
     )
     assert [g["node"] for g in got] == ["r0", "r1"]
     assert got[0]["url"] == got[1]["url"], "one NATS server for the trial's engines"
+
+
+def test_summary_counts_the_sequences_that_ran_to_the_cap():
+    """A batch of sequences that all run to ``--max-new-tokens`` is done with its slowest one;
+    the summary says how many did, per pass, and prints it."""
+    rounds = [
+        {
+            "plain": _child_result(10.0, 4.0, [[1, 2, 3], [4, 5]]),
+            "drafty": _child_result(5.0, 4.0, [[1, 2, 3], [4, 5, 6]]),
+        }
+    ]
+    table = summarise(rounds, "w", None, per_step_figures, cap=3)
+    assert table["plain"]["at_cap_batch1"] == 0.5 and table["plain"]["at_cap_batch"] == 0.5
+    assert table["drafty"]["at_cap_batch1"] == 1.0
+    assert "at_cap_batch1" not in summarise(rounds, "w", None, per_step_figures)["plain"]

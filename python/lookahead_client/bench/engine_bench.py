@@ -177,19 +177,22 @@ def summarise(
     workload: str,
     half: str | None,
     per_step: Callable[[list[dict[str, float]], int], dict[str, Any]],
+    cap: int | None = None,
 ) -> dict:
     """Per configuration, over rounds, for each pass (``batch1``, and ``batch`` when ``half``
     is None): tokens/s and the speed-up over the same round's ``plain`` in time per output
     token (:func:`per_token`; medians; ``ranges`` holds each one's [min, max]), identical
     outputs (``identical_batch1``: the prompts equal to plain's in every round;
-    ``identical_batch``: all of them; None when sampled), and what the configuration did per
-    engine step.
+    ``identical_batch``: all of them; None when sampled), what the configuration did per
+    engine step, and with ``cap`` the share of its sequences that ran to it (``at_cap_batch1``,
+    ``at_cap_batch``).
 
     Args:
         rounds: per round, each configuration's child result.
         half: ``"A"`` or ``"B"`` for the batch-1 prompts of one half, None for all.
         per_step: the engine's per-step figures from a pass's counters in each round and the
             tokens emitted in them.
+        cap: the most tokens a sequence was allowed (``--max-new-tokens``).
     """
     plain = rounds[0][BASELINE]["workloads"][workload]
     keep = [i for i, p in enumerate(plain["prompts"]) if half is None or p["half"] == half]
@@ -228,6 +231,9 @@ def summarise(
                     ),
                 }
             )
+            if cap is not None:
+                lengths = [len(seq) for run in runs for prompt in run[2] for seq in prompt]
+                entry[f"at_cap_{p}"] = round(sum(n >= cap for n in lengths) / len(lengths), 3)
             entry["ranges"][f"tok_s_{p}"] = [round(tok_s.low, 2), round(tok_s.high, 2)]
             entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
     for name, entry in out.items():
@@ -382,6 +388,7 @@ def print_tables(
                 fast = Spread(e[f"speedup_{p}"], low, high, rounds)
                 cells = "".join(f" {cell(e, p):>{width}}" for _, width, cell in columns)
                 print(f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21}{cells} {_same(e, p):>4}")
+        _print_capped(rows[BASELINE])
         print(
             "  halves A/B at batch 1: "
             + ", ".join(
@@ -395,6 +402,23 @@ def print_tables(
                 for v in items:
                     text = paired_text(v["ratio"])
                     print(f"  {name} vs {v['against']} ({p}): {v['verdict']} ({text})")
+
+
+def _print_capped(plain: dict) -> None:
+    """How many of plain's sequences ran to ``--max-new-tokens``, per pass; where all of a
+    batch's did, why drafts there save so few engine steps."""
+    shares = {t: plain.get(f"at_cap_{p}") for p, t in (("batch1", "batch 1"), ("batch", "full"))}
+    shares = {t: s for t, s in shares.items() if s is not None}
+    if not shares:
+        return
+    line = ", ".join(f"{t} {100 * s:.0f}%" for t, s in shares.items())
+    print(f"  plain's sequences that ran to --max-new-tokens: {line}")
+    if any(s >= 0.9 for s in shares.values()):
+        print(
+            "    (a batch of several sequences that all run to the cap is done with its slowest"
+            " one:\n     an accepted draft token saves an engine step only when every slowest"
+            " sequence accepts one then)"
+        )
 
 
 def print_costs(costs: dict[str, list[dict]]) -> None:
@@ -437,8 +461,9 @@ def report(
             {"round": trial.round, "position": trial.position, **cost.as_dict()}
         )
     workloads = list(rounds[0][BASELINE]["workloads"])
-    table = {w: summarise(rounds, w, None, per_step) for w in workloads}
-    halves = {w: {h: summarise(rounds, w, h, per_step) for h in "AB"} for w in workloads}
+    cap = args.get("max_new_tokens")
+    table = {w: summarise(rounds, w, None, per_step, cap) for w in workloads}
+    halves = {w: {h: summarise(rounds, w, h, per_step, cap) for h in "AB"} for w in workloads}
     verdicts = {w: versus(rounds, w, engine_drafters, pairs) for w in workloads}
     print_tables(table, halves, verdicts, describe, columns)
     print_costs(costs)
