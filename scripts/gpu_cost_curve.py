@@ -33,13 +33,14 @@ import struct
 import sys
 import time
 import zlib
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 # Llama shapes (vocabulary, hidden, intermediate, layers, heads, KV heads): Llama 3.2 1B,
 # Llama 3.1 8B; SmolLM2-135M for a CPU run; a tiny one for the dry run.
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "llama-1b": dict(
         vocab_size=128256,
         hidden_size=2048,
@@ -89,13 +90,16 @@ def build_model(shape: str, device: str, dtype, attention: str = "sdpa"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    # rope_theta and attn_implementation go through the config's **kwargs (transformers 5
+    # declares neither in its signature)
+    settings: dict[str, Any] = {
         **SHAPES[shape],
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        tie_word_embeddings=False,
-        attn_implementation=attention,
-    )
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "attn_implementation": attention,
+    }
+    config = LlamaConfig(**settings)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # initialise in the target dtype: no float32 copy
     try:
@@ -249,6 +253,8 @@ def policy_table(points: list[dict], context: int) -> dict:
             policy = SizingPolicy(cost, learn_cost=False, explore=False)
             plan = policy.plan([tree] * bs, [context] * bs, max_nodes=widest - 1)
             plain = float(cost.predict(bs, bs * context, bs * (context + 1))[0])
+            if plan.predicted_seconds is None:  # the policy was given a measured model
+                raise RuntimeError("the sizing policy predicted no step time")
             rate = plan.expected_tokens / plan.predicted_seconds
             rows.append(
                 {

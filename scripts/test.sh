@@ -65,7 +65,7 @@ step "ruff"
 ruff check python tests scripts
 ruff format --check python tests scripts
 
-step "types: mypy over python/ (pyproject's [tool.mypy]), the native stubs against the build"
+step "types: mypy over python/ and scripts/ (pyproject's [tool.mypy]), the native stubs against the build"
 python -m mypy
 python -m mypy.stubtest lookahead_client._native
 

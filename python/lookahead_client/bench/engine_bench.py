@@ -407,8 +407,11 @@ def print_tables(
 def _print_capped(plain: dict) -> None:
     """How many of plain's sequences ran to ``--max-new-tokens``, per pass; where all of a
     batch's did, why drafts there save so few engine steps."""
-    shares = {t: plain.get(f"at_cap_{p}") for p, t in (("batch1", "batch 1"), ("batch", "full"))}
-    shares = {t: s for t, s in shares.items() if s is not None}
+    shares: dict[str, float] = {
+        title: plain[f"at_cap_{p}"]
+        for p, title in (("batch1", "batch 1"), ("batch", "full"))
+        if plain.get(f"at_cap_{p}") is not None
+    }
     if not shares:
         return
     line = ", ".join(f"{t} {100 * s:.0f}%" for t, s in shares.items())
