@@ -17,7 +17,12 @@ import time
 import pytest
 
 from lookahead_client.bench import sglang_engine
-from lookahead_client.bench.engine_bench import run_trial_processes, summarise, versus
+from lookahead_client.bench.engine_bench import (
+    _print_capped,
+    run_trial_processes,
+    summarise,
+    versus,
+)
 from lookahead_client.bench.hf import workload_prompts
 from lookahead_client.bench.rounds import (
     Spread,
@@ -466,9 +471,9 @@ def test_a_members_trial_gives_the_engines_one_live_nats_server(tmp_path):
     assert got[0]["url"] == got[1]["url"], "one NATS server for the trial's engines"
 
 
-def test_summary_counts_the_sequences_that_ran_to_the_cap():
+def test_summary_counts_the_sequences_that_ran_to_the_cap(capsys):
     """A batch of sequences that all run to ``--max-new-tokens`` is done with its slowest one;
-    the summary says how many did, per pass, and prints it."""
+    the summary says how many did, per pass, and prints it (with why, where all did)."""
     rounds = [
         {
             "plain": _child_result(10.0, 4.0, [[1, 2, 3], [4, 5]]),
@@ -479,3 +484,7 @@ def test_summary_counts_the_sequences_that_ran_to_the_cap():
     assert table["plain"]["at_cap_batch1"] == 0.5 and table["plain"]["at_cap_batch"] == 0.5
     assert table["drafty"]["at_cap_batch1"] == 1.0
     assert "at_cap_batch1" not in summarise(rounds, "w", None, per_step_figures)["plain"]
+    _print_capped(table["plain"])
+    assert "ran to --max-new-tokens: batch 1 50%, full 50%\n" in capsys.readouterr().out
+    _print_capped(table["drafty"])
+    assert "done with its slowest one" in capsys.readouterr().out
