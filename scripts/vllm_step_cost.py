@@ -133,6 +133,7 @@ def fixed_sizes(
     drafted = sampling.drafted_rows or rows
     sizes = list(range(k + 1))
     per_size: dict[int, list[float]] = {rows + drafted * n: [] for n in sizes}
+    # warm-up (kernels, allocator), outside the timed generations
     llm.generate(ids, SamplingParams(max_tokens=8, n=sampling.samples), use_tqdm=False)
     for r in range(rounds):
         turn = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
