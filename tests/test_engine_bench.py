@@ -19,6 +19,7 @@ import pytest
 from lookahead_client.bench import sglang_engine
 from lookahead_client.bench.engine_bench import (
     _print_capped,
+    print_tables,
     run_trial_processes,
     summarise,
     versus,
@@ -34,6 +35,7 @@ from lookahead_client.bench.rounds import (
     run_rounds,
     schedule,
     speedups,
+    strays,
 )
 from lookahead_client.bench.vllm_engine import per_step_figures
 from lookahead_client.errors import InvalidArgumentError
@@ -488,3 +490,38 @@ def test_summary_counts_the_sequences_that_ran_to_the_cap(capsys):
     assert "ran to --max-new-tokens: batch 1 50%, full 50%\n" in capsys.readouterr().out
     _print_capped(table["drafty"])
     assert "done with its slowest one" in capsys.readouterr().out
+
+
+def test_a_stray_trial_is_named_and_the_verdict_is_also_given_without_it(capsys):
+    """One trial that took several times its configuration's usual time (run 50 of
+    docs/vllm-runs.md: 5.3x) widens the interval into a tie that says nothing; the summary
+    names the stray and gives the verdict of the rounds without it beside the verdict of all."""
+    assert strays([1.0, 2.0]) == []  # of two rounds, neither is known to be the odd one
+    assert strays([1.0, 1.0, 1.5]) == []  # 1.5x exactly is not a stray
+    assert strays([1.0, 1.02, 1.6, 0.98]) == [2]
+    same = [[1], [2]]
+    rounds = [
+        {
+            "plain": _child_result(10.0, 4.0, same),
+            # round 0's null batch-1 pass strayed; its full batch did not
+            "null": _child_result(55.0 if r == 0 else 11.0 + 0.1 * r, 4.4, same),
+            "lookahead": _child_result(10.0 + 0.05 * r, 4.4 + 0.05 * r, same),
+        }
+        for r in range(4)
+    ]
+    table = summarise(rounds, "w", None, per_step_figures)
+    assert table["null"]["strays_batch1"] == [{"round": 1, "times": 4.89}]
+    assert table["null"]["strays_batch"] == [] and table["lookahead"]["strays_batch1"] == []
+    verdicts = versus(rounds, "w", ())
+    [at_batch1] = verdicts["lookahead"]["batch1"]
+    assert at_batch1["verdict"] == "tie"  # the stray round's 5.5x makes the interval wide
+    assert at_batch1["without_strays"]["rounds"] == [1]
+    assert at_batch1["without_strays"]["verdict"] == "ahead"
+    assert at_batch1["without_strays"]["ratio"]["rounds"] == 3
+    assert "without_strays" not in verdicts["lookahead"]["batch"][0]
+    halves = {"w": {h: summarise(rounds, "w", h, per_step_figures) for h in "AB"}}
+    print_tables({"w": table}, halves, {"w": verdicts}, lambda w: "made up", [])
+    out = capsys.readouterr().out
+    assert "stray trials (over 1.5x their configuration's median time a token): " in out
+    assert "null batch 1 round 1 (4.9x)" in out
+    assert "\n    without stray round(s) 1: ahead (" in out

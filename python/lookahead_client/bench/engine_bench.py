@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from .rounds import (
     BASELINE,
+    STRAY_FACTOR,
     Spread,
     Trial,
     TrialCost,
@@ -34,6 +36,7 @@ from .rounds import (
     paired_text,
     run_children,
     speedups,
+    strays,
 )
 
 __all__ = [
@@ -172,6 +175,15 @@ def _prompt_per_token(result: dict, workload: str, i: int) -> float:
     return per_token(prompt["seconds"], prompt["tokens"])
 
 
+def _strays(token_seconds: Sequence[float]) -> list[dict[str, float]]:
+    """A configuration's stray rounds (1-based) and how many times its median it took."""
+    typical = statistics.median(token_seconds)
+    return [
+        {"round": i + 1, "times": round(token_seconds[i] / typical, 2)}
+        for i in strays(token_seconds)
+    ]
+
+
 def summarise(
     rounds: Sequence[dict[str, dict]],
     workload: str,
@@ -184,8 +196,10 @@ def summarise(
     token (:func:`per_token`; medians; ``ranges`` holds each one's [min, max]), identical
     outputs (``identical_batch1``: the prompts equal to plain's in every round;
     ``identical_batch``: all of them; None when sampled), what the configuration did per
-    engine step, and with ``cap`` the share of its sequences that ran to it (``at_cap_batch1``,
-    ``at_cap_batch``).
+    engine step, its stray trials (``strays_batch1``, ``strays_batch``: ``{"round", "times"}``,
+    1-based, and how many times its median time a token it took; see
+    :func:`.rounds.strays`), and with ``cap`` the share of its sequences that ran to it
+    (``at_cap_batch1``, ``at_cap_batch``).
 
     Args:
         rounds: per round, each configuration's child result.
@@ -207,7 +221,8 @@ def summarise(
             {c: pass_figures(res["workloads"][workload], p, keep) for c, res in r.items()}
             for r in rounds
         ]
-        fast = speedups([{c: per_token(*m[:2]) for c, m in r.items()} for r in measured])
+        token_seconds = {c: [per_token(*r[c][:2]) for r in measured] for c in out}
+        fast = speedups([{c: token_seconds[c][i] for c in out} for i in range(len(rounds))])
         for name, entry in out.items():
             runs = [r[name] for r in measured]
             bases = [r[BASELINE] for r in measured]
@@ -234,6 +249,7 @@ def summarise(
             if cap is not None:
                 lengths = [len(seq) for run in runs for prompt in run[2] for seq in prompt]
                 entry[f"at_cap_{p}"] = round(sum(n >= cap for n in lengths) / len(lengths), 3)
+            entry[f"strays_{p}"] = _strays(token_seconds[name])
             entry["ranges"][f"tok_s_{p}"] = [round(tok_s.low, 2), round(tok_s.high, 2)]
             entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
     for name, entry in out.items():
@@ -259,7 +275,10 @@ def versus(
     """Each lookahead configuration against the best of the engine's own drafters in the run
     (by median speed-up, per pass) and against ``null`` when it ran, paired round by round
     in time per output token (see :func:`.rounds.compare`, :func:`per_token`):
-    ``{config: {pass: [{"against", "verdict", "ratio"}]}}``.
+    ``{config: {pass: [{"against", "verdict", "ratio"}]}}``; where either one has a stray
+    trial (:func:`.rounds.strays`) and two rounds are left without them, the entry's
+    ``without_strays`` holds those rounds' ``verdict`` and ``ratio`` and which ``rounds``
+    were left out (1-based).
 
     Args:
         engine_drafters: the names (before any ``:``) of the engine's own drafters.
@@ -286,10 +305,19 @@ def versus(
         wanted = [(o, r) for o in ours for r in rivals]
         wanted += [(a, b) for a, b in pairs if a in names and b in names]
         for ours_name, rival in wanted:
-            verdict, paired = compare(token_seconds[ours_name], token_seconds[rival])
-            out.setdefault(ours_name, {}).setdefault(p, []).append(
-                {"against": rival, "verdict": verdict, "ratio": paired.as_dict()}
-            )
+            a, b = token_seconds[ours_name], token_seconds[rival]
+            verdict, paired = compare(a, b)
+            entry = {"against": rival, "verdict": verdict, "ratio": paired.as_dict()}
+            strayed = sorted({*strays(a), *strays(b)})
+            kept = [i for i in range(len(a)) if i not in strayed]
+            if strayed and len(kept) >= 2:
+                verdict, paired = compare([a[i] for i in kept], [b[i] for i in kept])
+                entry["without_strays"] = {
+                    "rounds": [i + 1 for i in strayed],
+                    "verdict": verdict,
+                    "ratio": paired.as_dict(),
+                }
+            out.setdefault(ours_name, {}).setdefault(p, []).append(entry)
     return out
 
 
@@ -389,6 +417,7 @@ def print_tables(
                 cells = "".join(f" {cell(e, p):>{width}}" for _, width, cell in columns)
                 print(f"  {name:16} {e[f'tok_s_{p}']:7.1f} {fast!s:>21}{cells} {_same(e, p):>4}")
         _print_capped(rows[BASELINE])
+        _print_strays(rows)
         print(
             "  halves A/B at batch 1: "
             + ", ".join(
@@ -402,6 +431,13 @@ def print_tables(
                 for v in items:
                     text = paired_text(v["ratio"])
                     print(f"  {name} vs {v['against']} ({p}): {v['verdict']} ({text})")
+                    if "without_strays" in v:
+                        left = v["without_strays"]
+                        rounds_out = ", ".join(map(str, left["rounds"]))
+                        print(
+                            f"    without stray round(s) {rounds_out}: {left['verdict']} "
+                            f"({paired_text(left['ratio'])})"
+                        )
 
 
 def _print_capped(plain: dict) -> None:
@@ -421,6 +457,22 @@ def _print_capped(plain: dict) -> None:
             "    (a batch of several sequences that all run to the cap is done with its slowest"
             " one:\n     an accepted draft token saves an engine step only when every slowest"
             " sequence accepts one then)"
+        )
+
+
+def _print_strays(rows: dict[str, dict]) -> None:
+    """The trials that took over :data:`.rounds.STRAY_FACTOR` times their configuration's
+    median, per pass, where there are any."""
+    found = [
+        f"{name} {title} round {s['round']} ({s['times']:.1f}x)"
+        for p, title in (("batch1", "batch 1"), ("batch", "full batch"))
+        for name, e in rows.items()
+        for s in e.get(f"strays_{p}", ())
+    ]
+    if found:
+        print(
+            f"  stray trials (over {STRAY_FACTOR}x their configuration's median time a token): "
+            + ", ".join(found)
         )
 
 

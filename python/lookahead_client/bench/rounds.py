@@ -13,7 +13,11 @@ plain in two runs). So an engine benchmark is run in *rounds*:
 * two configurations are compared round by round, as the ratio of their speeds in each
   round: one is *ahead* (*behind*) when the 95% confidence interval of the ratio's geometric
   mean over rounds (a t-interval of the rounds' log ratios) lies above (below) 1; a difference
-  the interval does not resolve is a *tie*.
+  the interval does not resolve is a *tie*;
+* a trial that took over :data:`STRAY_FACTOR` times its configuration's median over the
+  rounds (for one pass over one workload) is a *stray*: something besides the configuration
+  happened to it. The verdicts keep every round and say, beside them, what the rounds without
+  strays give, so that one stray trial cannot make an unexplained tie.
 
 Why an interval and not "ahead in every round": the machine's pace moves by several percent
 from one second to the next. Two processes of the *same* configuration, alive at once and
@@ -50,6 +54,7 @@ from lookahead_client.errors import InvalidArgumentError
 __all__ = [
     "BASELINE",
     "CONFIDENCE",
+    "STRAY_FACTOR",
     "Paired",
     "Spread",
     "Trial",
@@ -63,6 +68,7 @@ __all__ = [
     "run_rounds",
     "schedule",
     "speedups",
+    "strays",
 ]
 
 #: The configuration every other is measured against, run in every round.
@@ -70,6 +76,11 @@ BASELINE = "plain"
 
 #: The confidence of a paired verdict (:func:`compare`).
 CONFIDENCE = 0.95
+
+#: A trial slower than this many times its configuration's median over the rounds is a stray.
+#: Trials stray by a few percent (docs/vllm-runs.md run 41); one pass in run 50 took 5.3x its
+#: median, and its interval went from +-6% to -37%/+146%.
+STRAY_FACTOR = 1.5
 
 T = TypeVar("T")
 
@@ -161,6 +172,16 @@ def speedups(seconds: Sequence[Mapping[str, float]], baseline: str = BASELINE) -
         for name, s in row.items():
             per_config.setdefault(name, []).append(row[baseline] / s)
     return {name: Spread.of(values) for name, values in per_config.items()}
+
+
+def strays(seconds: Sequence[float]) -> list[int]:
+    """The rounds (indices) in which a configuration took over :data:`STRAY_FACTOR` times its
+    median ``seconds`` over all rounds; none with fewer than 3 rounds (of two, neither is
+    known to be the odd one)."""
+    if len(seconds) < 3:
+        return []
+    typical = statistics.median(seconds)
+    return [i for i, s in enumerate(seconds) if s > STRAY_FACTOR * typical]
 
 
 @dataclass(frozen=True)
