@@ -454,20 +454,26 @@ impl Builder<'_> {
         }
         self.cand_buf
             .sort_by(|a, b| b.p.total_cmp(&a.p).then(a.token.cmp(&b.token)));
-        let keep = if self.params.chain { 1 } else { MAX_CANDIDATES };
-        for c in self.cand_buf.iter().take(keep) {
+        // A chain grows from a node's best candidate only, but every candidate is considered:
+        // the calibration learns each key from all the candidates it was given to, not only
+        // from those that came out on top (which would teach a key that rarely wins the rate
+        // of its wins, and let it crowd out better candidates elsewhere).
+        let grown = if self.params.chain { 1 } else { MAX_CANDIDATES };
+        for (rank, c) in self.cand_buf.iter().take(MAX_CANDIDATES).enumerate() {
             self.considered.push(Considered {
                 parent: id,
                 token: c.token,
                 keys: c.keys,
             });
-            self.heap.push(Candidate {
-                score: score * c.p,
-                seq: self.seq,
-                parent: id,
-                token: c.token,
-                own: c.own,
-            });
+            if rank < grown {
+                self.heap.push(Candidate {
+                    score: score * c.p,
+                    seq: self.seq,
+                    parent: id,
+                    token: c.token,
+                    own: c.own,
+                });
+            }
             self.seq += 1;
         }
     }

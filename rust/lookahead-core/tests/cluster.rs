@@ -3,8 +3,8 @@
 //! snapshot); calibration counts taken from one drafter make another calibrate as it does.
 
 use lookahead_core::{
-    CalibrationCount, CalibrationCounts, DraftError, Drafter, DrafterConfig, LearnedText, StepItem,
-    Token,
+    CalibrationCount, CalibrationCounts, DraftError, DraftShape, Drafter, DrafterConfig,
+    LearnedText, StepItem, Token,
 };
 
 fn cluster_drafter() -> Drafter {
@@ -150,6 +150,18 @@ fn an_ended_text_from_a_drafter_without_running_parts_inserts_it_all() {
 
 /// Steps request `id` through `text` the way an engine does, reporting what it accepted.
 fn generate(d: &Drafter, id: &str, prompt: &[Token], text: &[Token]) {
+    generate_as(d, id, prompt, text, DraftShape::Tree, 8);
+}
+
+/// [`generate`] with drafts of `shape` and `budget`.
+fn generate_as(
+    d: &Drafter,
+    id: &str,
+    prompt: &[Token],
+    text: &[Token],
+    shape: DraftShape,
+    budget: usize,
+) {
     d.start(id, prompt).unwrap();
     let mut at = 0;
     let mut accepted = None;
@@ -158,7 +170,8 @@ fn generate(d: &Drafter, id: &str, prompt: &[Token], text: &[Token]) {
             request_id: id,
             new_tokens: &text[at..(at + 1).min(text.len())],
             accepted_last: accepted,
-            budget: 8,
+            budget,
+            shape,
             ..Default::default()
         };
         let tree = d.step(&[item]).pop().unwrap().unwrap();
@@ -167,6 +180,37 @@ fn generate(d: &Drafter, id: &str, prompt: &[Token], text: &[Token]) {
         accepted = Some(u32::from(hit));
     }
     d.end(id).unwrap();
+}
+
+#[test]
+fn a_chain_learns_from_every_candidate_it_weighed_as_a_tree_does() {
+    // Contexts that go on in several ways: every draft weighs several candidates. A draft of
+    // one node is the same chain or tree; what the calibration learns from it must be too.
+    // (A chain that taught it only its own token taught each key the rate of the times it
+    // won: a key that seldom wins learnt a high rate and crowded out the right candidate.)
+    let mut x = 7u32;
+    let text: Vec<Token> = (0..200)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            1000 + (x >> 16) % 3
+        })
+        .collect();
+    let learnt = |shape| {
+        let d = cluster_drafter();
+        generate_as(&d, "x", &[1, 2, 3], &text, shape, 1);
+        match d.take_calibration() {
+            Some(LearnedText::Calibration(counts)) => counts.counts,
+            other => panic!("{other:?}"),
+        }
+    };
+    let chain = learnt(DraftShape::Chain);
+    let trials: u64 = chain.iter().map(|c| u64::from(c.trials)).sum();
+    // local, global and pair counters for each candidate weighed, one realised per node
+    assert!(
+        trials > 4 * text.len() as u64,
+        "one candidate a step: {trials}"
+    );
+    assert_eq!(chain, learnt(DraftShape::Tree));
 }
 
 #[test]
