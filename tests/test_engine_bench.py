@@ -161,6 +161,7 @@ def _child_result(
             "vllm:spec_decode_num_draft_tokens": share * 4 * drafts,
             "vllm:time_to_first_token_seconds": requests,  # one per request
             "vllm:inter_token_latency_seconds": requests * (steps / 2 - 1),
+            "inter_token_seconds": requests * (steps / 2 - 1) * 0.025,  # 25 ms a later step
             "vllm:iteration_tokens_total": requests * steps / 2,
         }
 
@@ -222,6 +223,7 @@ def test_vllm_summary_takes_each_rounds_plain_and_counts_steps_that_drafted():
         "tokens_per_drafted_step": 4.0,
         "accepted_per_verified": 0.6,
         "mal": 3.4,
+        "step_ms": 25.0,
     }
     assert drafty["identical_batch1"] == 2 and drafty["identical_batch"] is True
     # Identical only when identical in every round.
@@ -333,6 +335,15 @@ def test_engine_benches_refuse_bad_configurations_with_status_2(capsys):
     assert "unknown configuration bogus" in capsys.readouterr().err
     assert main(["vllm", "--workload", "w.jsonl", "--configs", "ngram:x"]) == 2
     assert "unknown configuration 'ngram:x'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench", ["sglang", "vllm", "replicas"])
+@pytest.mark.parametrize("flag", ["--prompts-per-half", "--max-prompt-tokens", "--max-new-tokens"])
+def test_engine_benches_refuse_counts_below_one_naming_the_flag(bench, flag, capsys):
+    from lookahead_client.bench.cli import main
+
+    assert main([bench, "--workload", "w.jsonl", flag, "0"]) == 2  # before any model or file
+    assert f"{flag}: at least 1, got 0" in capsys.readouterr().err
 
 
 def test_a_server_configuration_without_a_server_binary_is_refused_up_front(

@@ -50,6 +50,8 @@ def test_vllm_bench_runs_rounds_and_reports_every_pass(tmp_path: Path, model_dir
     assert step["tokens_per_step"] > 1.0  # code-edit copies its source: drafts are accepted
     assert step["lookahead"]["steps"] > 0
     assert table["plain"]["per_step_batch1"]["drafted_share"] == 0  # plain never drafts
+    # vLLM's own inter-token latencies time a decode step, for every configuration
+    assert step["step_ms"] > 0 and table["plain"]["per_step_batch1"]["step_ms"] > 0
     assert look["ranges"]["speedup_batch1"][0] <= look["speedup_batch1"]
 
 

@@ -42,6 +42,7 @@ from .rounds import (
 __all__ = [
     "Column",
     "add_engine_arguments",
+    "check_engine_arguments",
     "config_names",
     "cell",
     "run_trial_processes",
@@ -567,12 +568,44 @@ def add_engine_arguments(
         default=3,
         help="rounds; each runs every configuration once, in a rotated order (default 3)",
     )
-    parser.add_argument("--prompts-per-half", type=int, default=2)
-    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    parser.add_argument(
+        "--prompts-per-half",
+        type=int,
+        default=2,
+        help="distinct prompts (with several engines: prompt groups) of each half, A and B, "
+        "in a pass; a few prompts speak for themselves more than for their workload (default 2)",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=1024,
+        help="longer prompts are passed over (default 1024)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens generated a request (default 128)"
+    )
+    parser.add_argument(
+        "--model-dir",
+        default="bench-out/smollm2-135m-hf",
+        help="SmolLM2-135M-Instruct's Hugging Face folder, converted from the GGUF when "
+        "missing (default bench-out/smollm2-135m-hf)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write everything (outputs included) here")
     parser.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")
+
+
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    """Refuses counts of :func:`add_engine_arguments` that no run can use.
+
+    Raises:
+        InvalidArgumentError: ``--prompts-per-half``, ``--max-prompt-tokens`` or
+            ``--max-new-tokens`` below 1 (``field`` names it).
+    """
+    for field in ("prompts_per_half", "max_prompt_tokens", "max_new_tokens"):
+        value = getattr(args, field)
+        if value < 1:
+            flag = "--" + field.replace("_", "-")
+            raise InvalidArgumentError(f"{flag}: at least 1, got {value}", field=field)
 
 
 def run_trial_processes(

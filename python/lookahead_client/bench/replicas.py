@@ -45,6 +45,7 @@ from typing import Any
 from lookahead_client.errors import InvalidArgumentError
 
 from .engine_bench import (
+    check_engine_arguments,
     check_server_binary,
     config_names,
     distinct_prompts,
@@ -194,11 +195,7 @@ def run_replicas(args: argparse.Namespace) -> int:
     configs = config_names(args.configs, CONFIGS)
     if args.replicas < 2:
         raise InvalidArgumentError(f"--replicas: at least 2, got {args.replicas}", field="replicas")
-    if args.prompts_per_half < 1:
-        raise InvalidArgumentError(
-            f"--prompts-per-half: at least 1, got {args.prompts_per_half}",
-            field="prompts_per_half",
-        )
+    check_engine_arguments(args)
     if not args.temperature >= 0:
         raise InvalidArgumentError(
             f"--temperature: at least 0, got {args.temperature}", field="temperature"

@@ -62,6 +62,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    check_engine_arguments,
     check_server_binary,
     config_names,
     delta,
@@ -448,6 +449,7 @@ def _run_trial(
 
 def run_sglang(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
+    check_engine_arguments(args)
     configs = config_names(args.configs, KNOWN_CONFIGS)
     check_server_binary(configs)
     if args.draft_tokens < 2:

@@ -54,6 +54,7 @@ from .engine_bench import (
     Column,
     add_engine_arguments,
     cell,
+    check_engine_arguments,
     check_server_binary,
     config_names,
     delta,
@@ -100,6 +101,9 @@ _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 _FIRST_TOKENS = "vllm:time_to_first_token_seconds"
 _LATER_STEPS = "vllm:inter_token_latency_seconds"
 _ENGINE_STEPS = "vllm:iteration_tokens_total"
+# The sum of the inter-token latencies (seconds): a later request-step's mean time, prefill
+# left out.
+_LATER_SECONDS = "inter_token_seconds"
 _KV_CACHE_BYTES = 2 << 30
 # The lookahead proposer's counters that add up over steps (see ChainDrafting.stats).
 _LOOKAHEAD_COUNTERS = (
@@ -172,12 +176,14 @@ def _counters(llm) -> dict[str, float]:
     """vLLM's speculative counters, and the lookahead proposer's (when it has one)."""
     counted = (_ACCEPTED, _DRAFTS, _DRAFT_TOKENS)
     observed = (_FIRST_TOKENS, _LATER_STEPS, _ENGINE_STEPS)
-    out = dict.fromkeys(counted + observed, 0.0)
+    out = dict.fromkeys((*counted, *observed, _LATER_SECONDS), 0.0)
     for metric in llm.get_metrics():
         if metric.name in counted:
             out[metric.name] += float(metric.value)
         elif metric.name in observed:
             out[metric.name] += float(metric.count)
+            if metric.name == _LATER_STEPS:
+                out[_LATER_SECONDS] += float(metric.sum)
     stats = _proposer(llm)
     if stats is not None:
         for key in _LOOKAHEAD_COUNTERS:
@@ -302,12 +308,15 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
     accepted count includes draft tokens verified past a request's end (cut from the output),
     so the request-steps are counted from vLLM's latency histograms instead: one first-token
     observation per request, one inter-token observation per later request-step.
-    ``tokens_per_step`` is what a request gained per step, drafted or not.
+    ``tokens_per_step`` is what a request gained per step, drafted or not; ``step_ms`` the
+    mean time of a request-step after the first (the engine's step as the request saw it,
+    prefill left out): tokens a step over it is what the step's cost bought.
     """
     total = sum_counters(counters)
     drafts, draft_tokens = total.get(_DRAFTS, 0.0), total.get(_DRAFT_TOKENS, 0.0)
     accepted = total.get(_ACCEPTED, 0.0)
-    steps = total.get(_FIRST_TOKENS, 0.0) + total.get(_LATER_STEPS, 0.0)
+    later = total.get(_LATER_STEPS, 0.0)
+    steps = total.get(_FIRST_TOKENS, 0.0) + later
 
     def ratio(a: float, b: float) -> float | None:
         return round(a / b, 3) if b > 0 else None
@@ -320,6 +329,7 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         "tokens_per_drafted_step": ratio(draft_tokens, drafts),
         "accepted_per_verified": ratio(accepted, draft_tokens),
         "mal": ratio(drafts + accepted, drafts),
+        "step_ms": ratio(1e3 * total[_LATER_SECONDS], later) if _LATER_SECONDS in total else None,
     }
     if "steps" in total:  # lookahead's own counters
         look: dict[str, float | None] = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
@@ -348,6 +358,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("tok/draft", 9, cell("tokens_per_drafted_step")),
     ("acc/tok", 7, cell("accepted_per_verified")),
     ("MAL", 5, cell("mal")),
+    ("step ms", 7, cell("step_ms")),
     ("ms/prop", 7, cell("proposer_ms_per_step", "lookahead")),
     ("acc/exp", 7, cell("accepted_over_expected", "lookahead")),
     ("acc/wexp", 8, cell("accepted_over_weighted", "lookahead")),
@@ -453,6 +464,7 @@ def _run_trial(trial: Trial, spec: dict[str, Any], tmp: str, engines: int) -> di
 
 def run_vllm(args: argparse.Namespace) -> int:
     """Runs the benchmark (see the module docstring); prints a summary table."""
+    check_engine_arguments(args)
     configs = config_names(args.configs)
     for c in configs:
         speculative_config(c, args.k)  # refuses an unknown name before anything starts
