@@ -329,7 +329,7 @@ def per_step_figures(counters: Sequence[dict[str, float]], tokens: int) -> dict[
         "tokens_per_drafted_step": ratio(draft_tokens, drafts),
         "accepted_per_verified": ratio(accepted, draft_tokens),
         "mal": ratio(drafts + accepted, drafts),
-        "step_ms": ratio(1e3 * total[_LATER_SECONDS], later) if _LATER_SECONDS in total else None,
+        "step_ms": ratio(1e3 * total.get(_LATER_SECONDS, 0.0), later),
     }
     if "steps" in total:  # lookahead's own counters
         look: dict[str, float | None] = {k: round(total[k], 2) for k in _LOOKAHEAD_COUNTERS}
