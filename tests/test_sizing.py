@@ -644,3 +644,78 @@ def test_a_young_curve_is_refitted_every_step_until_it_has_the_steps_of_a_refres
     assert mended is not None and mended is not flat
     at = np.interp([16, 17, 24], mended.tokens, mended.seconds)
     assert at[0] < 0.1 and at[2] - at[0] > 0.005, at  # draft tokens cost again
+
+
+def test_a_background_feed_fits_what_an_inline_one_does():
+    """Refitting on the feed's own thread changes when a fit is handed out, not the fit."""
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    inline, background = StepCostFeed(), StepCostFeed(background=True)
+    rng = random.Random(5)
+    for _ in range(50):
+        tokens = rng.choice([1, 2, 4, 9])
+        ms = 17.0 + 1.5 * tokens + rng.uniform(-0.5, 0.5)
+        for feed in (inline, background):
+            feed.observe(tokens, ms / 1e3, context=400, pairs=tokens * (400 + tokens))
+    assert inline.curve(1) is not None
+    background.curve(1)  # starts the refit of all 50 steps
+    background.settle()
+    assert background.seconds_at(range(1, 10)) == inline.seconds_at(range(1, 10))
+
+
+def test_a_background_feed_hands_out_its_last_curve_while_a_refit_runs():
+    """The step that starts a refit does not wait for it: it gets the last finished fit, and
+    the first step after the refit finished gets the new one."""
+    import threading
+
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    feed = StepCostFeed(background=True)
+    for tokens in (1, 5, 9) * 20:
+        feed.observe(tokens, (17.0 + 1.5 * tokens) / 1e3)
+    feed.curve(1)
+    feed.settle()
+    old = feed.curve(1)
+    assert old is not None
+    release = threading.Event()
+    predict = feed.model.predict
+
+    def held_predict(*args, **kwargs):
+        assert release.wait(timeout=10), "the refit was never released"
+        return predict(*args, **kwargs)
+
+    feed.model.predict = held_predict  # type: ignore[method-assign]
+    for _ in range(40):  # the curve is due for a refit (32 steps old) and everything is dearer
+        feed.observe(9, 60e-3)
+        assert feed.curve(1) is old  # the refit holds; every step gets the old curve at once
+    release.set()
+    feed.settle()
+    new = feed.curve(1)
+    assert new is not old and new is not None
+    assert np.interp(9, new.tokens, new.seconds) > np.interp(9, old.tokens, old.seconds)
+
+
+def test_a_failed_background_refit_raises_once_and_the_next_one_runs():
+    from lookahead_client.engine.step_cost import StepCostFeed
+
+    feed = StepCostFeed(background=True)
+    predict = feed.model.predict
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise FloatingPointError("a broken solve")
+        return predict(*args, **kwargs)
+
+    feed.model.predict = failing_once  # type: ignore[method-assign]
+    for tokens in (1, 9):
+        feed.observe(tokens, (17.0 + 1.5 * tokens) / 1e3)
+    assert feed.curve(1) is None
+    with pytest.raises(FloatingPointError):
+        feed.settle()
+    feed.settle()  # raised once: nothing in flight now
+    feed.observe(5, 24.5e-3)
+    feed.curve(1)
+    feed.settle()
+    assert feed.curve(1) is not None

@@ -35,7 +35,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["CostModel", "token_knots"]
+__all__ = ["CostModel", "check_measurement", "token_knots"]
 
 # Scales of the context features, so that every coefficient is a few milliseconds.
 _CONTEXT_UNIT = 1024.0
@@ -121,6 +121,20 @@ def _solve_free(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:
         return np.linalg.lstsq(gram, moment, rcond=None)[0]
     return np.linalg.solve(gram, moment)
+
+
+def check_measurement(tokens: int, seconds: float, context: int = 0, pairs: int = 0) -> None:
+    """Refuses a measured step that no model can learn from (see :meth:`CostModel.observe`).
+
+    Raises:
+        InvalidArgumentError: a value out of range, naming it.
+    """
+    if tokens < 1:
+        raise InvalidArgumentError(f"tokens must be >= 1, got {tokens}", field="tokens")
+    if not (math.isfinite(seconds) and seconds > 0.0):
+        raise InvalidArgumentError(f"seconds must be > 0, got {seconds}", field="seconds")
+    if context < 0 or pairs < 0:
+        raise InvalidArgumentError("context and pairs must be >= 0", field="context")
 
 
 class CostModel:
@@ -248,12 +262,7 @@ class CostModel:
         Raises:
             InvalidArgumentError: a value out of range.
         """
-        if tokens < 1:
-            raise InvalidArgumentError(f"tokens must be >= 1, got {tokens}", field="tokens")
-        if not (math.isfinite(seconds) and seconds > 0.0):
-            raise InvalidArgumentError(f"seconds must be > 0, got {seconds}", field="seconds")
-        if context < 0 or pairs < 0:
-            raise InvalidArgumentError("context and pairs must be >= 0", field="context")
+        check_measurement(tokens, seconds, context, pairs)
         if math.isfinite(self.outlier_factor):
             reference = self._outlier_reference(tokens)
             if reference is not None:

@@ -13,16 +13,24 @@ A step that verifies any draft token pays the engine's speculative path once on 
 tokens (:attr:`CostModel.draft_seconds`), so the curve of a step depends on where its drafts
 start: the feed hands out one per batch size, with a point at the batch's own tokens (no
 draft) and one just after it (the first draft token, that overhead included).
+
+An engine's feed refits in the background (``background=True``): measuring a step only queues
+it, and a refit that falls due runs on the feed's own thread while the engine runs its next
+forward pass, so the step that asks for a curve never waits for a solve. The curve it gets is
+then the last finished refit's, a step behind the measurements: while the model is young that
+is the refit started one step earlier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from lookahead_client.cost import CostModel, token_knots
+from lookahead_client.cost import CostModel, check_measurement, token_knots
 from lookahead_client.types import EngineCost
 
 __all__ = ["StepCostFeed"]
@@ -45,11 +53,20 @@ class StepCostFeed:
         padded: the engine verifies one width for the whole batch (else ragged lengths).
         max_tokens: the largest step (tokens verified) to describe.
         explore_every: see :class:`EngineCost` (0: never).
+        background: refit on the feed's own thread (see the module docstring); else a refit
+            that falls due runs inside :meth:`curve`, on the caller's thread.
     """
 
     def __init__(
-        self, *, padded: bool = False, max_tokens: int = 4096, explore_every: int = _EXPLORE_EVERY
+        self,
+        *,
+        padded: bool = False,
+        max_tokens: int = 4096,
+        explore_every: int = _EXPLORE_EVERY,
+        background: bool = False,
     ) -> None:
+        #: The fitted model. With ``background`` only the refit thread touches it: read it
+        #: after :meth:`settle`.
         self.model = CostModel(max_tokens=max_tokens, smoothing=_SMOOTHING)
         self.padded = padded
         self.explore_every = explore_every
@@ -58,8 +75,17 @@ class StepCostFeed:
         # The last refit's curves by batch size, built as asked for.
         self._curves: dict[int, EngineCost] = {}
         self._age = 0
+        self._observed = 0  # steps measured, all of them
+        # Steps measured since the model last took them, and the shape of the last one.
+        self._inbox: list[_Step] = []
         self._context = 0
         self._rows = 1
+        self._refits = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="lookahead-cost")
+            if background
+            else None
+        )
+        self._refit: Future[_Fit | None] | None = None  # in flight on the refit thread
 
     def observe(
         self, tokens: int, seconds: float, *, rows: int = 1, context: int = 0, pairs: int = 0
@@ -67,9 +93,15 @@ class StepCostFeed:
         """One measured step of ``rows`` requests: ``tokens`` verified in ``seconds`` over
         ``context`` cached tokens (``pairs`` query-key pairs; see :class:`CostModel`); a step
         of more tokens than rows verified drafts. The curve describes steps like the last one
-        measured."""
+        measured.
+
+        Raises:
+            InvalidArgumentError: a value out of range (checked here, on the caller's thread).
+        """
+        check_measurement(tokens, seconds, context, pairs)
         rows = max(1, rows)
-        self.model.observe(tokens, seconds, context=context, pairs=pairs, drafted=tokens > rows)
+        self._inbox.append(_Step(tokens, seconds, context, pairs, tokens > rows))
+        self._observed += 1
         self._context, self._rows = context, rows
 
     def curve(self, rows: int) -> EngineCost | None:
@@ -79,21 +111,17 @@ class StepCostFeed:
         step pays for its measurement, not for the fit; while it holds fewer than 32 steps
         it is refitted every step, since a fit of a few steps can be far off (the first step
         of a full batch after warm-up steps of one request: the whole time put on the
-        context, every draft token free) and would be kept for 32 steps."""
-        young = self.model.observations < _REFRESH_EVERY
-        if self._fit is None or young or self._age >= _REFRESH_EVERY:
-            if not self.model.ready:
-                return None
-            tokens = self._knots
-            # query-key pairs of the batch, its tokens spread evenly over its rows
-            pairs = tokens * (self._context + tokens) // self._rows
-            seconds = self.model.predict(tokens, self._context, pairs)
-            # the fit is non-decreasing in tokens; guard the floor against rounding
-            seconds = np.maximum.accumulate(np.maximum(seconds, 1e-9))
-            self._fit = _Fit(tokens.tolist(), seconds.tolist(), self.model.draft_seconds)
-            self._curves.clear()
-            self._age = 0
+        context, every draft token free) and would be kept for 32 steps. In the background
+        a refit that falls due is started here and its curve handed out from the first call
+        after it finished."""
+        if self._refit is not None and self._refit.done():
+            self.settle()
+        young = self._observed < _REFRESH_EVERY
+        if (self._fit is None or young or self._age >= _REFRESH_EVERY) and self._inbox:
+            self._start_refit()
         self._age += 1
+        if self._fit is None:
+            return None
         rows = max(1, rows)
         curve = self._curves.get(rows)
         if curve is None:
@@ -107,6 +135,53 @@ class StepCostFeed:
             )
             self._curves[rows] = curve
         return curve
+
+    def settle(self) -> None:
+        """Waits for the refit in flight, if any, and adopts it. A refit that failed raises
+        here, once (its measurements are dropped; the next refit takes the later ones)."""
+        refit, self._refit = self._refit, None
+        if refit is not None:
+            self._adopt(refit.result())
+
+    def _start_refit(self) -> None:
+        """Hands the measurements taken since the last refit to one: in the background, unless
+        one is still running (the next step starts it); else here."""
+        if self._refit is not None:
+            return
+        taken, self._inbox = self._inbox, []
+        shape = (self._context, self._rows)
+        if self._refits is None:
+            self._adopt(self._refit_with(taken, *shape))
+        else:
+            self._refit = self._refits.submit(self._refit_with, taken, *shape)
+
+    def _refit_with(self, taken: list[_Step], context: int, rows: int) -> _Fit | None:
+        """The model with ``taken`` added, fitted for steps of that shape (None while it is
+        not ready)."""
+        for step in taken:
+            self.model.observe(
+                step.tokens,
+                step.seconds,
+                context=step.context,
+                pairs=step.pairs,
+                drafted=step.drafted,
+            )
+        if not self.model.ready:
+            return None
+        tokens = self._knots
+        # query-key pairs of the batch, its tokens spread evenly over its rows
+        pairs = tokens * (context + tokens) // rows
+        seconds = self.model.predict(tokens, context, pairs)
+        # the fit is non-decreasing in tokens; guard the floor against rounding
+        seconds = np.maximum.accumulate(np.maximum(seconds, 1e-9))
+        return _Fit(tokens.tolist(), seconds.tolist(), self.model.draft_seconds)
+
+    def _adopt(self, fit: _Fit | None) -> None:
+        """A finished refit's fit becomes the curves' (None: the model is not ready yet)."""
+        if fit is not None:
+            self._fit = fit
+            self._curves.clear()
+            self._age = 0
 
     @property
     def draft_seconds(self) -> float | None:
@@ -123,7 +198,18 @@ class StepCostFeed:
         return np.interp(tokens, points, seconds).tolist()
 
     def __repr__(self) -> str:
-        return f"StepCostFeed(padded={self.padded}, {self.model!r})"
+        fit = "no fit yet" if self._fit is None else f"{len(self._fit.knots)} knots fitted"
+        return f"StepCostFeed(padded={self.padded}, steps={self._observed}, {fit})"
+
+
+class _Step(NamedTuple):
+    """A measured step, queued for the model (see :meth:`StepCostFeed.observe`)."""
+
+    tokens: int
+    seconds: float
+    context: int
+    pairs: int
+    drafted: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,8 +90,9 @@ class ChainDrafting:
             _log,
             quiet_every=quiet_every_for(config, drafter),
         )
-        #: The engine's step times, fitted; the core sizes chains against them.
-        self.cost = StepCostFeed() if config.sizing else None
+        #: The engine's step times, fitted on the feed's own thread (off the step's path);
+        #: the core sizes chains against them.
+        self.cost = StepCostFeed(background=True) if config.sizing else None
         # The requests that came out of the last step decoding (see observe).
         self._decoding: frozenset[str] = frozenset()
         #: Steps not measured because they held (part of) a prefill.
