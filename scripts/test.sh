@@ -69,9 +69,12 @@ step "types: mypy over python/ and scripts/ (pyproject's [tool.mypy]), the nativ
 python -m mypy
 python -m mypy.stubtest lookahead_client._native
 
-step "pytest"
+step "pytest (two workers, a test file each at a time)"
+# Most of these tests wait on the servers, clusters and engines they start: one worker left
+# the 2-core CI machines 50-80% idle (270 s; two workers 148 s). A file stays on one worker,
+# so its module fixtures start once.
 python -m pytest tests -q -p no:cacheprovider --ignore=tests/vllm_engine --ignore=tests/vllm034 \
-    --ignore=tests/sglang_engine
+    --ignore=tests/sglang_engine -n 2 --dist loadfile
 
 step "pytest: real SGLang engines (CPU stand-ins from ../shared/sglang-cpu)"
 SGLANG_CPU_KIT="$(cd "$ROOT/../shared/sglang-cpu" && pwd)"

@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
-WORKLOAD = Path(__file__).resolve().parents[2].parent / "shared" / "workloads" / "code-edit.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = ROOT.parent / "shared" / "workloads" / "code-edit.jsonl"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the benchmarks convert SmolLM2 (once for the module: the first run converts)."""
-    return tmp_path_factory.mktemp("bench-model") / "smollm2"
+def model_dir() -> Path:
+    """Where the benchmarks find SmolLM2: the cache tests/sglang_engine converts it into
+    (build/ is ignored by git), so the suite converts the GGUF once; the first run here
+    converts it when missing."""
+    return ROOT / "build" / "smollm2-135m-hf"
 
 
 def run_bench(out: Path, model_dir: Path, *options: str) -> subprocess.CompletedProcess:
