@@ -80,7 +80,7 @@ step "pytest: real SGLang engines (CPU stand-ins from ../shared/sglang-cpu)"
 SGLANG_CPU_KIT="$(cd "$ROOT/../shared/sglang-cpu" && pwd)"
 export SGLANG_CPU_KIT
 # The kit's own op tests first (each stand-in against SGLang's Triton twin under Triton's CPU
-# interpreter, ~45 s), run in place: the folder is read-only, so no bytecode is written.
+# interpreter, ~15 s), run in place: the folder is read-only, so no bytecode is written.
 (cd "$SGLANG_CPU_KIT" && PYTHONPATH="$SGLANG_CPU_KIT" TRITON_INTERPRET=1 \
     SGLANG_USE_CPU_ENGINE=1 SGLANG_CPU_STANDINS=1 PYTHONDONTWRITEBYTECODE=1 \
     python -m pytest test_standins.py -q -p no:cacheprovider -W ignore)
