@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from lookahead_client.bench.engine_bench import MODEL_DIR
 from lookahead_client.embedded import EmbeddedDrafter
 from lookahead_client.engine.book import RequestBook, RequestView
 from lookahead_client.engine.guard import DraftGuard
@@ -220,7 +221,7 @@ def main() -> int:
         help="1 token, 2, each further; or K + 1 values: the step ms for 1 to K + 1 tokens "
         "(a curve the engine benchmark printed)",
     )
-    parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    parser.add_argument("--model-dir", default=MODEL_DIR)
     parser.add_argument("--outputs", help="JSON of the outputs: read if it exists, else written")
     args = parser.parse_args()
     given = [float(x) for x in args.step_ms.split(",")]

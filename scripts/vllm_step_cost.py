@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lookahead_client.bench.engine_bench import MODEL_DIR
+
 # A token id far from any text of these workloads: drafted, it is (nearly) never accepted.
 _UNLIKELY = 17
 
@@ -227,7 +229,7 @@ def main() -> int:
     parser.add_argument(
         "--observations", type=pathlib.Path, help="lookahead: write its measured steps here"
     )
-    parser.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    parser.add_argument("--model-dir", default=MODEL_DIR)
     args = parser.parse_args()
     if args.prompts is None:
         args.prompts = 1 if args.proposer == "fixed" else 6

@@ -34,8 +34,6 @@ from engine_support import ENGINE_TIMEOUT_S, PROMPTS, RUNS
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = Path(os.environ.get("SGLANG_CPU_KIT", ROOT.parent / "shared" / "sglang-cpu")).resolve()
-# A cache across sessions (build/ is ignored by git): converting the GGUF takes ~30 s.
-MODEL_DIR = ROOT / "build" / "smollm2-135m-hf"
 # Engines running at once (a start leaves a core idle much of the time), each with its share
 # of the cores for torch: two on the 2-core CI machines, one thread each.
 PARALLEL_RUNS = int(os.environ.get("SGLANG_ENGINE_RUNS", "2"))
@@ -169,10 +167,11 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="session")
 def model() -> str:
-    """SmolLM2-135M-Instruct as a Hugging Face folder (float32)."""
-    from lookahead_client.bench.engine_bench import ensure_model
+    """SmolLM2-135M-Instruct as a Hugging Face folder (float32), in the checkout's cache
+    shared with the engine benchmarks (converting the GGUF takes ~30 s)."""
+    from lookahead_client.bench.engine_bench import MODEL_DIR, ensure_model
 
-    return str(ensure_model(MODEL_DIR))
+    return str(ensure_model(ROOT / MODEL_DIR))
 
 
 @pytest.fixture(scope="session")

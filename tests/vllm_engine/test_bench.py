@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from lookahead_client.bench.engine_bench import MODEL_DIR
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT.parent / "shared" / "workloads" / "code-edit.jsonl"
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    """Where the benchmarks find SmolLM2: the cache tests/sglang_engine converts it into
-    (build/ is ignored by git), so the suite converts the GGUF once; the first run here
-    converts it when missing."""
-    return ROOT / "build" / "smollm2-135m-hf"
+    """Where the benchmarks find SmolLM2: the checkout's cache, which tests/sglang_engine
+    fills too, so the suite converts the GGUF once; the first run here converts it when
+    missing."""
+    return ROOT / MODEL_DIR
 
 
 def run_bench(out: Path, model_dir: Path, *options: str) -> subprocess.CompletedProcess:

@@ -40,6 +40,7 @@ from .rounds import (
 )
 
 __all__ = [
+    "MODEL_DIR",
     "Column",
     "add_engine_arguments",
     "check_engine_arguments",
@@ -63,6 +64,11 @@ __all__ = [
     "workload_prompt_sets",
     "workload_prompts_by_stem",
 ]
+
+
+#: Where the engine benchmarks and the engine tests keep SmolLM2 converted from its GGUF,
+#: relative to the checkout (ignored by git).
+MODEL_DIR = "bench-out/smollm2-135m-hf"
 
 
 def ensure_model(folder: pathlib.Path) -> pathlib.Path:
@@ -586,9 +592,9 @@ def add_engine_arguments(
     )
     parser.add_argument(
         "--model-dir",
-        default="bench-out/smollm2-135m-hf",
+        default=MODEL_DIR,
         help="SmolLM2-135M-Instruct's Hugging Face folder, converted from the GGUF when "
-        "missing (default bench-out/smollm2-135m-hf)",
+        f"missing (default {MODEL_DIR})",
     )
     parser.add_argument("--json", metavar="OUT", help="write everything (outputs included) here")
     parser.add_argument("--plot", metavar="OUT.png", help="speed-up bars per workload")

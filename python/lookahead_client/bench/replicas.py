@@ -45,6 +45,7 @@ from typing import Any
 from lookahead_client.errors import InvalidArgumentError
 
 from .engine_bench import (
+    MODEL_DIR,
     check_engine_arguments,
     check_server_binary,
     config_names,
@@ -118,7 +119,7 @@ def add_replicas_parser(subparsers: Any) -> argparse.ArgumentParser:
     rp.add_argument("--max-prompt-tokens", type=int, default=1024)
     rp.add_argument("--max-new-tokens", type=int, default=64)
     rp.add_argument("--k", type=int, default=8, help="lookahead's and suffix's K (default 8)")
-    rp.add_argument("--model-dir", default="bench-out/smollm2-135m-hf")
+    rp.add_argument("--model-dir", default=MODEL_DIR)
     rp.add_argument("--json", metavar="OUT", help="write the table (and the full report) here")
     return rp
 
