@@ -32,6 +32,19 @@ def test_bad_settings_are_refused_by_name():
     with pytest.raises(InvalidArgumentError) as e:
         measure(workload.name, [], batch=1, steps=10)
     assert e.value.field == "workload"
+    with pytest.raises(InvalidArgumentError) as e:
+        measure(workload.name, list(workload.requests), batch=1, steps=10, forward_mb=-1)
+    assert e.value.field == "forward_mb"
+
+
+def test_a_simulated_forward_pass_runs_between_calls():
+    """The memory read between two calls (``--forward-mb``) is the simulated engine's work,
+    outside the timed call: the run drafts and times its steps as without it."""
+    workload = load_workload(DEMO_WORKLOAD)
+    result = measure(workload.name, list(workload.requests), batch=2, steps=100, forward_mb=8)
+    assert 0 < result.steps <= 100
+    assert 0 < result.median_ms <= result.p90_ms
+    assert 0 < result.drafted <= 1 and 0 < result.accepted_per_token <= 1
 
 
 def test_cli_prints_a_row_per_batch_and_writes_json(tmp_path, capsys):

@@ -10,7 +10,10 @@ greedily against the recorded response. Only ``propose`` is timed: the proposer'
 
 The engine is simulated: each step is reported to the proposer's cost feed as taking
 ``--step-ms BASE,PER_TOKEN`` milliseconds (base plus per token verified), so chains are sized
-as on an engine with that cost; the proposer's time does not depend on it.
+as on an engine with that cost; the proposer's time does not depend on it. Called back to back
+the proposer runs on warm caches; in an engine a forward pass streams the model's weights
+through them between two calls, and every call starts cold (3x slower, docs/benchmarks.md).
+``--forward-mb N`` reads ``N`` MB between two calls, untimed, as that forward pass would.
 """
 
 from __future__ import annotations
@@ -93,16 +96,21 @@ def measure(
     k: int = 8,
     config: LookaheadConfig | None = None,
     step_ms: tuple[float, float] = (20.0, 0.5),
+    forward_mb: int = 0,
 ) -> ProposerResult:
     """Runs the proposer over ``requests``, ``batch`` at a time, for at most ``steps`` timed
-    steps (after a warm-up); see the module docstring.
+    steps (after a warm-up), reading ``forward_mb`` MB between two calls; see the module
+    docstring.
 
     Raises:
-        InvalidArgumentError: ``batch``/``steps``/``k`` below 1, or no request.
+        InvalidArgumentError: ``batch``/``steps``/``k`` below 1, ``forward_mb`` below 0, or no
+            request.
     """
     for field_name, value in (("batch", batch), ("steps", steps), ("k", k)):
         if value < 1:
             raise InvalidArgumentError(f"{field_name} must be >= 1, got {value}", field=field_name)
+    if forward_mb < 0:
+        raise InvalidArgumentError(f"forward_mb must be >= 0, got {forward_mb}", field="forward_mb")
     if not requests:
         raise InvalidArgumentError("the workload has no request", field="workload")
     from lookahead_client.vllm.proposer import LookaheadProposer
@@ -128,6 +136,8 @@ def measure(
     running: dict[str, _Running] = {}
     finished: set[str] = set()
     table = np.zeros((batch, max_len), dtype=np.int64)
+    # what a forward pass streams through the caches between two calls (the model's weights)
+    weights = np.ones(forward_mb * (1 << 20) // 4, dtype=np.float32) if forward_mb else None
     times: list[float] = []
     rows_seen = drafted = draft_tokens = accepted = 0
     for step in range(_WARMUP + steps):
@@ -145,6 +155,8 @@ def measure(
         scheduled = {r: 1 + running[r].chain for r in ids}
         total = sum(scheduled.values())
         engine_s = (step_ms[0] + step_ms[1] * total) / 1e3
+        if weights is not None:
+            weights.sum()
         proposer.scheduled(
             SimpleNamespace(
                 req_ids=ids,
@@ -238,6 +250,14 @@ def add_proposer_parser(sub: Any) -> None:
         metavar="BASE,PER_TOKEN",
         help="the simulated engine step: base ms plus ms per token verified (default 20,0.5)",
     )
+    p.add_argument(
+        "--forward-mb",
+        type=int,
+        default=0,
+        metavar="N",
+        help="MB read between two calls, as a forward pass streams the model's weights through "
+        "the caches (SmolLM2-135M in float32: 540); default 0, warm caches",
+    )
     p.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
 
 
@@ -263,6 +283,7 @@ def run_proposer(args: argparse.Namespace) -> int:
                 k=args.k,
                 config=config,
                 step_ms=args.step_ms,
+                forward_mb=args.forward_mb,
             )
             rows.append(asdict(r))
             ratio = "-" if r.accepted_over_expected is None else f"{r.accepted_over_expected:.2f}"
