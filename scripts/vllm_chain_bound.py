@@ -15,7 +15,9 @@ each drafter need to produce SmolLM2-135M's own greedy outputs?
    33.5, 35.5 and about 1.2-1.7 ms on this machine), or a whole curve of K + 1 values, such as
    the one ``lookahead-bench vllm`` prints as what the chains were sized against.
 
-Drafters, each from an empty state and fed the prompts in file order:
+Drafters, each from an empty state and fed the prompts in file order (``--fresh-every N``: a
+fresh drafter every ``N`` prompts, as each trial of the engine benchmark starts one for its
+pass of a few prompts; outputs read back longer than ``--max-new-tokens`` are cut to it):
 
 * ``ngram:K``: vLLM's own prompt-lookup function (``prompt_lookup_min`` 2, ``max`` 5, as the
   benchmark's ``ngram:K`` configuration);
@@ -223,7 +225,16 @@ def main() -> int:
     )
     parser.add_argument("--model-dir", default=MODEL_DIR)
     parser.add_argument("--outputs", help="JSON of the outputs: read if it exists, else written")
+    parser.add_argument(
+        "--fresh-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a fresh drafter every N prompts (default 0: one for all the workload's prompts)",
+    )
     args = parser.parse_args()
+    if args.fresh_every < 0:
+        parser.error(f"--fresh-every: a count of prompts >= 0, got {args.fresh_every}")
     given = [float(x) for x in args.step_ms.split(",")]
     if len(given) == 3:
         one, two, each = given
@@ -245,16 +256,27 @@ def main() -> int:
             outputs_path.write_text(json.dumps(outputs))
     sizes = list(range(1, args.k + 2))
     cost = EngineCost(tuple(sizes), tuple(step_ms(n) / 1e3 for n in sizes))
+    drafters: dict[str, Callable[[], Callable]] = {
+        f"ngram:{args.k}": lambda: ngram(args.k),
+        "suffix": lambda: suffix(args.k),
+        "lookahead": lambda: lookahead(args.k, cost),
+        "lookahead-weighted": lambda: lookahead_weighted(args.k, cost),
+        "whole": lambda: lookahead(args.k, None),
+    }
     for stem, requests in outputs.items():
+        requests = [dict(r, output=r["output"][: args.max_new_tokens]) for r in requests]
+        every = args.fresh_every or len(requests)
+        chunks = [requests[i : i + every] for i in range(0, len(requests), every)]
         runs = {
-            f"ngram:{args.k}": replay(requests, ngram(args.k)),
-            "suffix": replay(requests, suffix(args.k)),
-            "lookahead": replay(requests, lookahead(args.k, cost)),
-            "lookahead-weighted": replay(requests, lookahead_weighted(args.k, cost)),
+            name: [step for chunk in chunks for step in replay(chunk, make())]
+            for name, make in drafters.items()
         }
-        whole = replay(requests, lookahead(args.k, None))
+        whole = runs.pop("whole")
         runs["lookahead-oracle"] = [(a, a, half) for _, a, half in whole]
-        print(f"{stem}: {len(requests)} prompts, step ms for 1 to K + 1 tokens {curve}")
+        print(
+            f"{stem}: {len(requests)} prompts (a fresh drafter every {every}), "
+            f"step ms for 1 to K + 1 tokens {curve}"
+        )
         for half in ("both", "A", "B"):
             print(f" half {half}")
             for name, steps in runs.items():
