@@ -19,9 +19,13 @@ WHEEL="$SHARED/vllm-0.34.0+cpu-cp311-cp311-linux_x86_64.whl"
 for f in "$WHEEL" "$SHARED/constraints.txt" "$SHARED/shim/sitecustomize.py"; do
     [[ -f "$f" ]] || { echo "vllm034_env: $f is missing (see docs/vllm.md)" >&2; exit 1; }
 done
-# The build's kernels need AVX-512: say so instead of failing inside vLLM.
+# The build's kernels need AVX-512: say so instead of failing inside vLLM. (Loaded on a CPU
+# with AVX2 only, an AMD EPYC seen 2026-12-07, under every name vLLM tries, the kernels' own
+# start-up code dies with SIGILL while vLLM inspects the model.)
 if ! grep -q avx512f /proc/cpuinfo; then
-    echo "vllm034_env: this CPU lacks AVX-512, which the shared vLLM 0.34 build needs" >&2
+    echo "vllm034_env: this CPU lacks AVX-512, which the shared vLLM 0.34 build needs: run the" \
+        "suite on a CPU with AVX-512, or rebuild vLLM 0.34 for this one as" \
+        "$SHARED/README.md says (about 45 minutes on 2 cores)" >&2
     exit 1
 fi
 stamp=$(cat scripts/vllm034_env.sh "$SHARED/constraints.txt" | sha256sum | cut -c1-16)-$(
