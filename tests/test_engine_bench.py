@@ -280,6 +280,37 @@ def test_vllm_verdicts_pair_lookahead_with_the_best_vllm_drafter_and_null():
     assert [v["against"] for v in paired["lookahead"]["batch1"]] == ["suffix", "null", "null"]
 
 
+def test_batch1_verdicts_give_each_prompts_own_ratio(capsys):
+    """A verdict's interval is the rounds'; each prompt's ratio says whether the prompts agree:
+    here lookahead is twice suffix's speed on the first prompt and half of it on the second,
+    in every round."""
+    same = [[1], [2]]
+
+    def result(first: float, second: float) -> dict:
+        out = _child_result(first + second, 4.0, same)
+        prompts = out["workloads"]["w"]["prompts"]
+        prompts[0]["seconds"], prompts[1]["seconds"] = first, second
+        return out
+
+    rounds = [
+        {
+            "plain": result(8.0 * f, 8.0 * f),
+            "suffix": result(4.0 * f, 2.0 * f),
+            "lookahead": result(2.0 * f, 4.0 * f),
+        }
+        for f in (1.0, 1.2, 0.9)  # the machine's pace moves from round to round
+    ]
+    verdicts = versus(rounds, "w", ("suffix",))
+    [entry] = verdicts["lookahead"]["batch1"]
+    assert entry["against"] == "suffix"
+    assert entry["per_prompt"] == [{"id": "0", "ratio": 2.0}, {"id": "1", "ratio": 0.5}]
+    assert "per_prompt" not in verdicts["lookahead"]["batch"][0]
+    table = summarise(rounds, "w", None, per_step_figures)
+    halves = {"w": {h: summarise(rounds, "w", h, per_step_figures) for h in "AB"}}
+    print_tables({"w": table}, halves, {"w": verdicts}, lambda w: "made up", [])
+    assert "\n    per prompt, below 1 on 1 of 2: 2.000, 0.500\n" in capsys.readouterr().out
+
+
 def test_a_failed_trial_names_itself_and_shows_its_log():
     trial = Trial(round=1, position=0, config="broken")
     fail = [sys.executable, "-c", "import sys; print('engine says: no KV cache'); sys.exit(3)"]

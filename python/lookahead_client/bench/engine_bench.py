@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -58,6 +59,7 @@ __all__ = [
     "plot",
     "print_costs",
     "print_tables",
+    "prompt_ratios",
     "report",
     "summarise",
     "versus",
@@ -273,6 +275,26 @@ def summarise(
     return out
 
 
+def prompt_ratios(
+    rounds: Sequence[dict[str, dict]], workload: str, ours: str, rival: str
+) -> list[dict[str, Any]]:
+    """Each batch-1 prompt's ``{"id", "ratio"}``: ``ours``' speed over ``rival``'s on that
+    prompt, the geometric mean over rounds of the two's time per output token. A verdict's
+    interval is the rounds' (how sure the timing is); these say whether every prompt of the
+    cell agrees with it, or one prompt makes it."""
+    prompts = rounds[0][BASELINE]["workloads"][workload]["prompts"]
+    out = []
+    for i, prompt in enumerate(prompts):
+        logs = [
+            math.log(
+                _prompt_per_token(r[rival], workload, i) / _prompt_per_token(r[ours], workload, i)
+            )
+            for r in rounds
+        ]
+        out.append({"id": prompt["id"], "ratio": round(math.exp(statistics.fmean(logs)), 3)})
+    return out
+
+
 def versus(
     rounds: Sequence[dict[str, dict]],
     workload: str,
@@ -282,7 +304,8 @@ def versus(
     """Each lookahead configuration against the best of the engine's own drafters in the run
     (by median speed-up, per pass) and against ``null`` when it ran, paired round by round
     in time per output token (see :func:`.rounds.compare`, :func:`per_token`):
-    ``{config: {pass: [{"against", "verdict", "ratio"}]}}``; where either one has a stray
+    ``{config: {pass: [{"against", "verdict", "ratio"}]}}``, at batch 1 with each prompt's
+    own ratio (``per_prompt``, :func:`prompt_ratios`); where either one has a stray
     trial (:func:`.rounds.strays`) and two rounds are left without them, the entry's
     ``without_strays`` holds those rounds' ``verdict`` and ``ratio`` and which ``rounds``
     were left out (1-based).
@@ -314,7 +337,13 @@ def versus(
         for ours_name, rival in wanted:
             a, b = token_seconds[ours_name], token_seconds[rival]
             verdict, paired = compare(a, b)
-            entry = {"against": rival, "verdict": verdict, "ratio": paired.as_dict()}
+            entry: dict[str, Any] = {
+                "against": rival,
+                "verdict": verdict,
+                "ratio": paired.as_dict(),
+            }
+            if p == "batch1":
+                entry["per_prompt"] = prompt_ratios(rounds, workload, ours_name, rival)
             strayed = sorted({*strays(a), *strays(b)})
             kept = [i for i in range(len(a)) if i not in strayed]
             if strayed and len(kept) >= 2:
@@ -438,6 +467,13 @@ def print_tables(
                 for v in items:
                     text = paired_text(v["ratio"])
                     print(f"  {name} vs {v['against']} ({p}): {v['verdict']} ({text})")
+                    if "per_prompt" in v:
+                        ratios = [x["ratio"] for x in v["per_prompt"]]
+                        below = sum(r < 1.0 for r in ratios)
+                        print(
+                            f"    per prompt, below 1 on {below} of {len(ratios)}: "
+                            + ", ".join(f"{r:.3f}" for r in ratios)
+                        )
                     if "without_strays" in v:
                         left = v["without_strays"]
                         rounds_out = ", ".join(map(str, left["rounds"]))
