@@ -39,7 +39,7 @@ def test_bad_settings_are_refused_by_name():
 
 def test_a_simulated_forward_pass_runs_between_calls():
     """The memory read between two calls (``--forward-mb``) is the simulated engine's work,
-    outside the timed call: the run drafts and times its steps as without it."""
+    outside the timed call: the run still drafts and times every step."""
     workload = load_workload(DEMO_WORKLOAD)
     result = measure(workload.name, list(workload.requests), batch=2, steps=100, forward_mb=8)
     assert 0 < result.steps <= 100

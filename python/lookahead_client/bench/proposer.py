@@ -12,8 +12,9 @@ The engine is simulated: each step is reported to the proposer's cost feed as ta
 ``--step-ms BASE,PER_TOKEN`` milliseconds (base plus per token verified), so chains are sized
 as on an engine with that cost; the proposer's time does not depend on it. Called back to back
 the proposer runs on warm caches; in an engine a forward pass streams the model's weights
-through them between two calls, and every call starts cold (3x slower, docs/benchmarks.md).
-``--forward-mb N`` reads ``N`` MB between two calls, untimed, as that forward pass would.
+through them between two calls, and every call starts cold (3-4x slower at batch 1,
+docs/benchmarks.md). ``--forward-mb N`` reads ``N`` MB between two calls, untimed, as that
+forward pass would.
 """
 
 from __future__ import annotations
