@@ -184,6 +184,16 @@ def _prompt_per_token(result: dict, workload: str, i: int) -> float:
     return per_token(prompt["seconds"], prompt["tokens"])
 
 
+def _prompt_speedups(
+    rounds: Sequence[dict[str, dict]], workload: str, i: int, name: str, against: str
+) -> list[float]:
+    """Per round, ``name``'s speed over ``against``'s on the ``i``-th batch-1 prompt."""
+    return [
+        _prompt_per_token(r[against], workload, i) / _prompt_per_token(r[name], workload, i)
+        for r in rounds
+    ]
+
+
 def _strays(token_seconds: Sequence[float]) -> list[dict[str, float]]:
     """A configuration's stray rounds (1-based) and how many times its median it took."""
     typical = statistics.median(token_seconds)
@@ -263,12 +273,7 @@ def summarise(
             entry["ranges"][f"speedup_{p}"] = [round(fast[name].low, 3), round(fast[name].high, 3)]
     for name, entry in out.items():
         per_prompt = [
-            Spread.of(
-                _prompt_per_token(r[BASELINE], workload, i)
-                / _prompt_per_token(r[name], workload, i)
-                for r in rounds
-            ).median
-            for i in keep
+            Spread.of(_prompt_speedups(rounds, workload, i, name, BASELINE)).median for i in keep
         ]
         entry["slowest_prompt_speedup"] = round(min(per_prompt), 3) if per_prompt else None
         entry["prompts_over_5pct_slower"] = sum(x < 1 / 1.05 for x in per_prompt)
@@ -285,12 +290,7 @@ def prompt_ratios(
     prompts = rounds[0][BASELINE]["workloads"][workload]["prompts"]
     out = []
     for i, prompt in enumerate(prompts):
-        logs = [
-            math.log(
-                _prompt_per_token(r[rival], workload, i) / _prompt_per_token(r[ours], workload, i)
-            )
-            for r in rounds
-        ]
+        logs = [math.log(x) for x in _prompt_speedups(rounds, workload, i, ours, rival)]
         out.append({"id": prompt["id"], "ratio": round(math.exp(statistics.fmean(logs)), 3)})
     return out
 
