@@ -46,7 +46,8 @@ def wanted() -> bool:
 
 
 def _refuse(name: str, value: object, supported: object) -> None:
-    if value != supported:
+    """Raises unless ``value`` is the one setting the stand-ins compute (None: absent)."""
+    if (value is not None) if supported is None else (value != supported):
         raise NotImplementedError(
             f"the vLLM 0.34 CPU stand-ins support {name}={supported!r} only, not {value!r}"
         )
