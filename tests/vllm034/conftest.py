@@ -22,7 +22,7 @@ except ImportError as e:  # the environment is wrong: say so loudly
 if not vllm.__version__.startswith("0.34"):
     raise pytest.UsageError(f"tests/vllm034 need vLLM 0.34, found {vllm.__version__}")
 # imported at start-up by tests/vllm034/standins/sitecustomize.py, which vLLM's own processes
-# need too: without it a CPU without AVX-512 would die in the engine, with SIGILL
+# need too: without it vLLM finds no kernels on a CPU without AVX-512
 standins = sys.modules.get("vllm034_cpu_standins")
 if standins is None:
     raise pytest.UsageError(
