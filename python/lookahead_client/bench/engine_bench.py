@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import statistics
@@ -288,11 +287,15 @@ def prompt_ratios(
     interval is the rounds' (how sure the timing is); these say whether every prompt of the
     cell agrees with it, or one prompt makes it."""
     prompts = rounds[0][BASELINE]["workloads"][workload]["prompts"]
-    out = []
-    for i, prompt in enumerate(prompts):
-        logs = [math.log(x) for x in _prompt_speedups(rounds, workload, i, ours, rival)]
-        out.append({"id": prompt["id"], "ratio": round(math.exp(statistics.fmean(logs)), 3)})
-    return out
+    return [
+        {
+            "id": prompt["id"],
+            "ratio": round(
+                statistics.geometric_mean(_prompt_speedups(rounds, workload, i, ours, rival)), 3
+            ),
+        }
+        for i, prompt in enumerate(prompts)
+    ]
 
 
 def versus(
